@@ -1,0 +1,171 @@
+"""The codec contract: :class:`Codec`, :class:`Packed` and :class:`ErrorBound`.
+
+A codec turns a tensor into a :class:`Packed` (device buffers plus a small host
+header) and back. ``decode(encode(t))`` has ``t``'s shape, dtype and device.
+Error-bounded codecs hold their bound on every finite element; NaN, Inf, zero
+and sign survive. ``Packed.nbytes`` counts every byte the packed object keeps
+alive: header (shape, dtype, codec fields) and payload.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from hpcdl.compress.errors import CodecError
+from hpcdl.compress.header import peek_codec_id
+
+ERROR_BOUND_MODES = ("abs", "rel", "pw_rel")
+FLOAT_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+
+
+@dataclass(frozen=True, eq=False)
+class Packed:
+    """A compressed tensor: a host ``header`` and a 1-D uint8 ``data`` tensor on the original device."""
+
+    header: bytes
+    data: torch.Tensor
+
+    def __post_init__(self):
+        if not isinstance(self.header, bytes):
+            raise TypeError(f"Packed.header must be bytes, got {type(self.header).__name__}")
+        if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.uint8 or self.data.dim() != 1:
+            raise TypeError("Packed.data must be a 1-D torch.uint8 tensor")
+
+    @property
+    def codec_id(self) -> str:
+        return peek_codec_id(self.header)
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def nbytes(self) -> int:
+        """Every byte this object keeps alive: header plus payload."""
+        return len(self.header) + self.data.numel()
+
+    def to_bytes(self) -> bytes:
+        """Serialise to ``u32 header length | header | payload`` (for files and golden fixtures)."""
+        return struct.pack("<I", len(self.header)) + self.header + self.data.cpu().numpy().tobytes()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, device: str | torch.device = "cpu") -> "Packed":
+        if len(blob) < 4:
+            raise CodecError(f"packed bytes are truncated: {len(blob)} bytes, need at least 4")
+        (header_len,) = struct.unpack("<I", blob[:4])
+        if 4 + header_len > len(blob):
+            raise CodecError(f"packed bytes are truncated: header of {header_len} bytes, only {len(blob) - 4} follow")
+        payload = torch.frombuffer(bytearray(blob[4 + header_len :]), dtype=torch.uint8) if len(blob) > 4 + header_len \
+            else torch.empty(0, dtype=torch.uint8)
+        return cls(header=bytes(blob[4 : 4 + header_len]), data=payload.to(device))
+
+
+@dataclass(frozen=True)
+class ErrorBound:
+    """An error-bound mode and its bound.
+
+    ``abs``: |x - x'| <= bound. ``rel``: |x - x'| <= bound * (max - min) over the
+    tensor's finite elements. ``pw_rel``: |x - x'| <= bound * |x|.
+    """
+
+    mode: str
+    bound: float
+
+    def __post_init__(self):
+        if self.mode not in ERROR_BOUND_MODES:
+            raise ValueError(f"unknown error-bound mode {self.mode!r}; use one of {list(ERROR_BOUND_MODES)}")
+        if isinstance(self.bound, bool) or not isinstance(self.bound, (int, float)):
+            raise TypeError(f"error bound must be a number, got {self.bound!r}")
+        if not math.isfinite(self.bound) or self.bound <= 0:
+            raise ValueError(f"error bound must be a finite number > 0, got {self.bound!r}")
+        if self.mode == "pw_rel" and self.bound >= 1:
+            raise ValueError(f"a pw_rel bound must be < 1 so that signs survive, got {self.bound!r}")
+        object.__setattr__(self, "bound", float(self.bound))
+
+    def absolute(self, tensor: torch.Tensor) -> float:
+        """The absolute bound that ``abs`` or ``rel`` mode gives for ``tensor`` (float64 arithmetic)."""
+        if self.mode == "abs":
+            return self.bound
+        if self.mode == "rel":
+            return self.bound * value_range(tensor)
+        raise ValueError("pw_rel has no single absolute bound; it scales with each |x|")
+
+    def tolerance(self, original: torch.Tensor) -> torch.Tensor:
+        """Per-element allowed error, as float64, for ``original``."""
+        if self.mode == "pw_rel":
+            return self.bound * original.to(torch.float64).abs()
+        return torch.full_like(original, self.absolute(original), dtype=torch.float64)
+
+
+def value_range(tensor: torch.Tensor) -> float:
+    """max - min over the finite elements, in float64; 0.0 for a tensor with none."""
+    finite = tensor[torch.isfinite(tensor)].to(torch.float64)
+    if finite.numel() == 0:
+        return 0.0
+    return float(finite.max() - finite.min())
+
+
+class Codec(ABC):
+    """Base of every codec. Subclasses set the class attributes and implement the underscored methods."""
+
+    codec_id: ClassVar[str]
+    modes: ClassVar[tuple[str, ...]]
+    dtypes: ClassVar[frozenset[torch.dtype]]
+    error_bounded: ClassVar[bool] = False
+    lossless: ClassVar[bool] = False
+
+    def encode(self, tensor: torch.Tensor) -> Packed:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{self.codec_id} encodes torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in self.dtypes:
+            raise TypeError(
+                f"codec {self.codec_id!r} cannot encode dtype {tensor.dtype}; "
+                f"it takes {sorted(str(d) for d in self.dtypes)}"
+            )
+        return self._encode(tensor)
+
+    def decode(self, packed: Packed) -> torch.Tensor:
+        if not isinstance(packed, Packed):
+            raise TypeError(f"{self.codec_id} decodes a Packed, got {type(packed).__name__}")
+        return self._decode(packed)
+
+    @abstractmethod
+    def _encode(self, tensor: torch.Tensor) -> Packed: ...
+
+    @abstractmethod
+    def _decode(self, packed: Packed) -> torch.Tensor: ...
+
+    @abstractmethod
+    def get_config(self) -> dict:
+        """A JSON-safe dict with ``"id"`` that :func:`hpcdl.compress.get_codec` turns back into an equal codec."""
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Codec":
+        options = {key: value for key, value in config.items() if key != "id"}
+        try:
+            return cls(**options)
+        except TypeError as err:
+            raise ValueError(f"bad options for codec {cls.codec_id!r}: {options} ({err})") from err
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.get_config(), sort_keys=True))
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
+        return f"{type(self).__name__}({options})"
+
+
+def check_mode(codec_id: str, mode: str, modes: tuple[str, ...]) -> None:
+    """Refuse a mode a codec does not have, naming the ones it does."""
+    if mode not in modes:
+        raise ValueError(f"codec {codec_id!r} has no mode {mode!r}; its modes are {list(modes)}")

@@ -1,0 +1,35 @@
+"""``raw``: the tensor's bytes, unchanged. The fallback every other path can rely on."""
+
+from __future__ import annotations
+
+import torch
+
+from hpcdl.compress.base import Codec, Packed
+from hpcdl.compress.errors import CodecError
+from hpcdl.compress.header import DTYPE_CODES, read_header, write_header
+from hpcdl.compress.registry import register_codec
+
+
+@register_codec
+class Raw(Codec):
+    codec_id = "raw"
+    modes = ("lossless",)
+    dtypes = frozenset(DTYPE_CODES)
+    lossless = True
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id}
+
+    def _encode(self, tensor: torch.Tensor) -> Packed:
+        flat = tensor.detach().contiguous().reshape(-1)
+        data = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=tensor.device)
+        return Packed(write_header(self.codec_id, tensor.dtype, tensor.shape), data.clone())
+
+    def _decode(self, packed: Packed) -> torch.Tensor:
+        header = read_header(packed.header, self.codec_id)
+        expected = header.numel * header.dtype.itemsize
+        if packed.data.numel() != expected:
+            raise CodecError(f"raw payload has {packed.data.numel()} bytes, expected {expected} for {header.shape} {header.dtype}")
+        if expected == 0:
+            return torch.empty(header.shape, dtype=header.dtype, device=packed.device)
+        return packed.data.clone().view(header.dtype).reshape(header.shape)

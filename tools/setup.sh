@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install hpcdl into it, with the CPU build of PyTorch.
+#   bash tools/setup.sh          # the package, for `hpcdl demo`
+#   bash tools/setup.sh --test   # plus test tools, optional peers, MPI and Horovod
+set -euo pipefail
+cd "$(dirname "$0")/.."
+with_test=0
+[ "${1:-}" = "--test" ] && with_test=1
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# Pinned so pip takes the CPU build on disk instead of a multi-GB CUDA build.
+python -m pip install -q torch==2.13.0
+if [ "$with_test" = 1 ]; then
+    python -m pip install -q -e '.[test]'
+    if [ -x tools/build_horovod.sh ]; then
+        bash tools/build_horovod.sh
+    fi
+else
+    python -m pip install -q -e .
+fi
+echo "hpcdl installed in $(pwd)/.venv"
