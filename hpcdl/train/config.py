@@ -1,0 +1,387 @@
+"""Training configs: the schema, validation, ``--set`` overrides and the shipped configs.
+
+A config is a YAML mapping with the sections ``model``, ``data``, ``train``,
+``optimizer``, ``compression``, ``distributed``, ``checkpoint`` and ``logging``.
+Every key is declared in :data:`SCHEMA` with its type, allowed values or range
+and default, so a typo is an error that names the key's full path and the
+closest valid key instead of a setting silently ignored.
+
+Shipped configs live in ``hpcdl/configs/<name>.yaml`` and are found by name. A
+config may start from another with ``extends: <name>``; its own keys then
+override the base's, section by section.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One config key: what values it accepts and its default (``required`` when it has none)."""
+
+    kind: str
+    default: Any = _MISSING
+    choices: tuple = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    nullable: bool = False
+    also: tuple = ()  # string values accepted besides the kind, e.g. ("auto",) for train.batch
+    help: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is _MISSING
+
+
+def _parse_bytes(text: str) -> int:
+    """``"4GiB"``, ``"512 MB"``, ``"1e9"`` -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a size; write e.g. 4GiB, 512MiB, 2GB or a number of bytes")
+    number, unit = float(match.group(1)), (match.group(2) or "B")
+    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
+    return int(number * scale)
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """A memory size given as a number of bytes or a string with a unit (``"4GiB"``) -> bytes (> 0)."""
+    if isinstance(value, bool):
+        raise TypeError(f"a memory size is a number of bytes or a string like '4GiB', got {value!r}")
+    size = _parse_bytes(value) if isinstance(value, str) else int(value)
+    if size <= 0:
+        raise ValueError(f"a memory size must be > 0 bytes, got {value!r}")
+    return size
+
+
+SCHEMA: dict[str, Any] = {
+    "description": Field("str", "", help="one line shown by `hpcdl configs`"),
+    "extends": Field("str", None, nullable=True, help="a shipped config name or path this config starts from"),
+    "name": Field("str", None, nullable=True, help="run name (default: the config's name)"),
+    "model": {
+        "name": Field("str", help="a name from `hpcdl models`"),
+        "scale": Field("str", "small", help="a scale of that model, e.g. tiny, small, full"),
+        "options": Field("dict", {}, help="keyword arguments passed to hpcdl.models.get"),
+    },
+    "data": {
+        "dataset": Field("str", None, nullable=True,
+                         help="dataset name or path; default: the model's default dataset; 'synthetic' = random "
+                              "batches of the model's input shape (for memory/speed only)"),
+        "features": Field("str", None, nullable=True, help="dataset feature set, e.g. images|constituents for HEP"),
+        "val_fraction": Field("float", 0.2, minimum=0.0, maximum=0.9, help="fraction held out for validation"),
+        "synthetic_samples": Field("int", 256, minimum=1, help="samples per epoch of the synthetic dataset"),
+    },
+    "train": {
+        "epochs": Field("int", 1, minimum=1),
+        "batch": Field("int", 8, minimum=1, also=("auto",),
+                       help="GLOBAL batch, split evenly across ranks; auto = the largest per-device batch that "
+                            "fits memory_budget (or the GPU's memory) times the number of ranks"),
+        "steps_per_epoch": Field("int", None, minimum=1, nullable=True, help="cap on optimizer steps per epoch"),
+        "val_steps": Field("int", None, minimum=1, nullable=True, help="cap on validation batches per epoch"),
+        "seed": Field("int", 0, minimum=0),
+        "memory_budget": Field("bytes", None, nullable=True, help="bytes or e.g. '4GiB'; for batch: auto"),
+    },
+    "optimizer": {
+        "name": Field("str", "adamw", choices=("sgd", "adamw", "lamb", "lars")),
+        "lr": Field("float", 1e-3, minimum=0.0),
+        "momentum": Field("float", 0.9, minimum=0.0, maximum=1.0, help="sgd/lars momentum"),
+        "betas": Field("list", [0.9, 0.999], help="adamw/lamb moment decay rates"),
+        "eps": Field("float", 1e-8, minimum=0.0),
+        "weight_decay": Field("float", 0.0, minimum=0.0),
+        "trust_coefficient": Field("float", 1e-3, minimum=0.0, help="lars trust coefficient (eta)"),
+        "lr_scaling": Field("str", "none", choices=("linear", "none"),
+                            help="linear: lr * global_batch / base_batch"),
+        "base_batch": Field("int", 32, minimum=1),
+        "warmup_steps": Field("int", 0, minimum=0),
+        "schedule": Field("str", "constant", choices=("cosine", "constant")),
+        "min_lr_fraction": Field("float", 0.0, minimum=0.0, maximum=1.0, help="cosine floor as a fraction of lr"),
+        "grad_clip": Field("float", None, minimum=0.0, nullable=True, help="clip the global gradient norm"),
+    },
+    "compression": {
+        "method": Field("str", "none", choices=("none", "codec", "checkpoint", "offload")),
+        "id": Field("str", "sz", help="codec id for method: codec"),
+        "mode": Field("str", None, nullable=True, choices=("abs", "rel", "pw_rel")),
+        "bound": Field("float", None, nullable=True, minimum=0.0),
+        "bits": Field("int", None, nullable=True, minimum=1, maximum=16),
+        "dtype": Field("str", None, nullable=True),
+        "group_size": Field("int", None, nullable=True, minimum=1),
+        "per_module": Field("dict", {}, help="module-name glob -> codec config, overriding the default codec"),
+        "min_bytes": Field("int", None, nullable=True, minimum=0, help="saved tensors smaller than this stay raw"),
+    },
+    "distributed": {
+        "backend": Field("str", "auto", choices=("auto", "horovod", "torch", "none")),
+    },
+    "checkpoint": {
+        "every_steps": Field("int", 0, minimum=0, help="0 = only at the end"),
+        "keep": Field("int", 2, minimum=1),
+    },
+    "logging": {
+        "out_dir": Field("str", "runs"),
+        "every_steps": Field("int", 1, minimum=1, help="write a metrics.jsonl line every N steps"),
+        "progress": Field("bool", True),
+        "tensorboard": Field("bool", False),
+    },
+}
+
+CODEC_OPTION_KEYS = ("mode", "bound", "bits", "dtype", "group_size")
+
+
+class ConfigError(ValueError):
+    """A config that does not match the schema; the message names the key's full path."""
+
+
+def _suggest(key: str, valid: list[str], prefix: str = "", what: str = "valid keys here") -> str:
+    """"; did you mean 'x'?" for the closest of ``valid`` to ``key``, else the list of valid ones."""
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if close:
+        return f"; did you mean {prefix + close[0]!r}?"
+    return f"; {what}: {', '.join(sorted(valid))}"
+
+
+def _unknown_key(path: str, key: str, section: dict) -> ConfigError:
+    prefix = f"{path}." if path else ""
+    return ConfigError(f"unknown config key {prefix + key!r}" + _suggest(key, list(section), prefix))
+
+
+def _yaml_float(text: str) -> float | str:
+    """YAML 1.1 reads ``1e-2`` (no dot) as a string; accept it as the number it plainly is."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _check_value(path: str, field: Field, value: Any) -> Any:
+    """Return ``value`` normalised to the field's kind, or raise ConfigError saying what would be right."""
+    if value is None:
+        if field.nullable:
+            return None
+        raise ConfigError(f"config key {path!r} must not be null")
+    if isinstance(value, str) and value in field.also:
+        return value
+    if field.kind == "float" and isinstance(value, str):
+        value = _yaml_float(value)
+    expected = {
+        "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+        "dict": "a mapping", "list": "a list", "bytes": "a size like 4GiB or a number of bytes",
+    }[field.kind]
+    if field.also:
+        expected += " or " + " or ".join(repr(a) for a in field.also)
+    ok_type: Callable[[Any], bool] = {
+        "str": lambda v: isinstance(v, str),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+        "dict": lambda v: isinstance(v, dict),
+        "list": lambda v: isinstance(v, list),
+        "bytes": lambda v: isinstance(v, (int, float, str)) and not isinstance(v, bool),
+    }[field.kind]
+    if not ok_type(value):
+        raise ConfigError(f"config key {path!r} must be {expected}, got {value!r} ({type(value).__name__})")
+    if field.kind == "float":
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"config key {path!r} must be finite, got {value!r}")
+    if field.kind == "bytes":
+        try:
+            value = parse_bytes(value)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"config key {path!r}: {err}") from None
+    if field.choices and value not in field.choices:
+        raise ConfigError(f"config key {path!r} must be one of {list(field.choices)}, got {value!r}"
+                          + (_suggest(value, list(field.choices), what="valid values") if isinstance(value, str) else ""))
+    if field.minimum is not None and value < field.minimum:
+        raise ConfigError(f"config key {path!r} must be >= {field.minimum}, got {value!r}")
+    if field.maximum is not None and value > field.maximum:
+        raise ConfigError(f"config key {path!r} must be <= {field.maximum}, got {value!r}")
+    return copy.deepcopy(value)
+
+
+def _validate_section(raw: dict, schema: dict, path: str) -> dict:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config section {path or 'top level'!r} must be a mapping, got {raw!r}")
+    for key in raw:
+        if key not in schema:
+            raise _unknown_key(path, str(key), schema)
+    resolved = {}
+    for key, spec in schema.items():
+        full = f"{path}.{key}" if path else key
+        if isinstance(spec, dict):
+            resolved[key] = _validate_section(raw.get(key) or {}, spec, full)
+        elif key in raw:
+            resolved[key] = _check_value(full, spec, raw[key])
+        elif spec.required:
+            raise ConfigError(f"config key {full!r} is required ({spec.help or spec.kind})")
+        else:
+            resolved[key] = copy.deepcopy(spec.default)
+    return resolved
+
+
+def _check_cross_fields(config: dict) -> None:
+    compression, optimizer = config["compression"], config["optimizer"]
+    betas = optimizer["betas"]
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+        raise ConfigError(f"config key 'optimizer.betas' must be two numbers in [0, 1), got {betas!r}")
+    if compression["method"] == "codec":
+        for pattern, codec in compression["per_module"].items():
+            if not isinstance(codec, dict) or "id" not in codec:
+                raise ConfigError(f"config key 'compression.per_module.{pattern}' must be a codec config with an "
+                                  f"'id', like {{id: sz, mode: rel, bound: 1e-2}}; got {codec!r}")
+    elif compression["per_module"]:
+        raise ConfigError("config key 'compression.per_module' applies only to compression.method: codec, "
+                          f"not {compression['method']!r}")
+
+
+def validate(raw: dict) -> dict:
+    """Check ``raw`` against :data:`SCHEMA`; return a new dict with every key present (defaults filled in)."""
+    config = _validate_section(raw, SCHEMA, "")
+    _check_cross_fields(config)
+    return config
+
+
+def codec_config(compression: dict) -> dict:
+    """The codec config dict (``{"id": ..., options}``) that a resolved ``compression`` section names."""
+    codec = {"id": compression["id"]}
+    codec.update({key: compression[key] for key in CODEC_OPTION_KEYS if compression[key] is not None})
+    return codec
+
+
+def _set_path(tree: dict, path: str, value: Any) -> None:
+    """Set ``tree[a][b]... = value`` for ``path`` "a.b...", checking each step against the schema."""
+    parts = path.split(".")
+    schema: Any = SCHEMA
+    node = tree
+    for depth, part in enumerate(parts):
+        here = ".".join(parts[:depth])
+        if isinstance(schema, Field):
+            # Inside a free-form mapping (model.options, compression.per_module): the rest is one key,
+            # since globs like "backbone.*" contain dots.
+            node[".".join(parts[depth:])] = value
+            return
+        if part not in schema:
+            raise _unknown_key(here, part, schema)
+        schema = schema[part]
+        if depth == len(parts) - 1:
+            node[part] = value
+            return
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"train.epochs=3"`` -> ``("train.epochs", 3)``; the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"an override is KEY=VALUE like train.epochs=3, got {text!r}")
+    key, _, value = text.partition("=")
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"an override needs a key before '=', got {text!r}")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({err})") from None
+    return key, parsed
+
+
+def configs_dir() -> Path:
+    return Path(str(resources.files("hpcdl") / "configs"))
+
+
+def shipped_configs() -> dict[str, str]:
+    """Shipped config name -> its one-line description."""
+    listing = {}
+    for path in sorted(configs_dir().glob("*.yaml")):
+        listing[path.stem] = (_read_yaml(path).get("description") or "").strip()
+    return listing
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config sections, got {type(data).__name__}")
+    return data
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """The file a config name (``"hep-jets"``) or path (``"my-run.yaml"``) refers to."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+        return path
+    shipped = configs_dir() / f"{name_or_path}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = list(shipped_configs())
+    raise FileNotFoundError(f"no shipped config named {str(name_or_path)!r} and no such file"
+                            + _suggest(str(name_or_path), names, what="shipped configs"))
+
+
+def _merge(base: dict, override: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "per_module":
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _load_raw(name_or_path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
+    path = config_path(name_or_path).resolve()
+    if path in seen:
+        raise ConfigError(f"config 'extends' chain loops: {' -> '.join(str(p) for p in seen + (path,))}")
+    raw = _read_yaml(path)
+    parent = raw.get("extends")
+    if parent:
+        if not isinstance(parent, str):
+            raise ConfigError(f"config key 'extends' in {path} must be a config name or path, got {parent!r}")
+        parent_path = Path(parent)
+        if not parent_path.is_absolute() and (path.parent / parent).exists():
+            parent = str(path.parent / parent)
+        raw = _merge(_load_raw(parent, seen + (path,)), {k: v for k, v in raw.items() if k != "extends"})
+    return raw
+
+
+def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """Load a shipped config by name, a YAML file or a dict; apply ``KEY=VALUE`` overrides; validate.
+
+    Returns the resolved config: a plain dict with every schema key present.
+    """
+    if isinstance(source, dict):
+        raw = copy.deepcopy(source)
+        if raw.get("extends"):
+            raw = _merge(_load_raw(raw["extends"]), {k: v for k, v in raw.items() if k != "extends"})
+    else:
+        raw = _load_raw(source)
+        raw.setdefault("name", config_path(source).stem)
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(raw, key, value)
+    raw.pop("extends", None)
+    return validate(raw)
+
+
+def dump_config(config: dict) -> str:
+    """The resolved config as YAML (what ``config.resolved.yaml`` holds)."""
+    return yaml.safe_dump(config, sort_keys=False)

@@ -1,0 +1,52 @@
+"""Checkpoint files: atomic, pruned to the last K, and loud about corruption and foreign runs."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from hpcdl.train.checkpoint import (CheckpointError, check_compatible, latest_checkpoint, list_checkpoints,
+                                    load_checkpoint, rng_state, save_checkpoint, set_rng_state)
+
+
+def test_round_trip_and_keep_last_k(tmp_path):
+    for step in (5, 10, 15):
+        save_checkpoint(tmp_path, step, {"model": {"w": torch.full((3,), float(step))}}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-00000010.pt", "ckpt-00000015.pt"]
+    state = load_checkpoint(latest_checkpoint(tmp_path))
+    assert state["step"] == 15 and torch.equal(state["model"]["w"], torch.full((3,), 15.0))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_corrupted_and_truncated_files_are_clear_errors(tmp_path):
+    path = save_checkpoint(tmp_path, 1, {"model": {"w": torch.zeros(100)}}, keep=2)
+    blob = bytearray(path.read_bytes())
+    blob[-50] ^= 0xFF
+    path.write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        load_checkpoint(path)
+    path.write_bytes(bytes(blob[:40]))
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        load_checkpoint(path)
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not an hpcdl checkpoint"):
+        load_checkpoint(path)
+
+
+def test_incompatible_run_is_refused(tmp_path):
+    state = {"identity": {"model": "hep-cnn", "global_batch": 64}}
+    check_compatible(state, {"model": "hep-cnn", "global_batch": 64}, "x")
+    with pytest.raises(CheckpointError, match="global_batch: checkpoint has 64, this run has 128"):
+        check_compatible(state, {"model": "hep-cnn", "global_batch": 128}, "x")
+
+
+def test_rng_states_survive_a_checkpoint(tmp_path):
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    path = save_checkpoint(tmp_path, 1, {"rng": rng_state()}, keep=1)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(load_checkpoint(path)["rng"])
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.rand(3), expected[1]) and random.random() == expected[2]
