@@ -1,0 +1,9 @@
+"""The model zoo: climate segmentation, HEP taggers, and the standard CNNs and transformers to compare with.
+
+``get(name, scale="small", **kw)`` builds a model, ``spec(name)`` describes it
+(:class:`ModelSpec`), ``names()`` lists them. Every model is called as ``model(x)``.
+"""
+
+from hpcdl.models.registry import ModelSpec, Scale, get, names, register, spec
+
+__all__ = ["ModelSpec", "Scale", "get", "names", "register", "spec"]
