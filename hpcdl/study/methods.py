@@ -1,0 +1,120 @@
+"""Method specs of the impact study, and the trainer config overrides each one means.
+
+A method is one way of holding the activations autograd saves for backward:
+
+``baseline``
+    nothing done (``compression.method=none``).
+``checkpoint``
+    torch.utils.checkpoint over the model's blocks (``compression.method=checkpoint``).
+``offload``
+    torch.autograd.graph.save_on_cpu (``compression.method=offload``); needs a GPU.
+``ID[:OPTIONS]``
+    a codec from :mod:`hpcdl.compress` through the runtime (``compression.method=codec``), e.g.
+    ``sz:rel=1e-2``, ``sz:abs=1e-3``, ``quant:bits=2``, ``quant:bits=4,group_size=128``,
+    ``cast:bf16``, ``raw``. The codec part is the runtime's policy spec and is parsed by
+    :func:`hpcdl.runtime.policy.config_from_spec`, the one parser the runtime, trainer and study share.
+
+The study only turns a spec into ``--set`` style overrides of the trainer's config; the trainer
+does the work, so every method is measured by the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import yaml
+
+TRAINER_METHODS = {"baseline": "none", "checkpoint": "checkpoint", "offload": "offload"}
+# Codec config keys the trainer's ``compression`` section holds (everything else is the runtime's business).
+CODEC_CONFIG_KEYS = ("id", "mode", "bound", "bits", "dtype", "group_size")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A parsed method spec: ``kind`` is baseline, checkpoint, offload or codec; ``codec`` its codec config."""
+
+    spec: str
+    kind: str
+    codec: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def codec_config(self) -> dict | None:
+        return dict(self.codec) if self.kind == "codec" else None
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.kind == "offload"
+
+    @property
+    def lossy(self) -> bool:
+        """True when the method can change what backward sees (codecs other than raw/int/bitmask)."""
+        return self.kind == "codec" and self.codec_config["id"] not in ("raw", "int", "bitmask")
+
+    def overrides(self) -> list[str]:
+        """Trainer config overrides (``section.key=value``) that select this method."""
+        if self.kind != "codec":
+            return [f"compression.method={TRAINER_METHODS[self.kind]}"]
+        # Every codec key is set, unused ones to null, so nothing leaks in from the base config's codec.
+        codec = self.codec_config
+        return ["compression.method=codec"] + [f"compression.{key}={yaml_scalar(codec.get(key))}"
+                                               for key in CODEC_CONFIG_KEYS]
+
+
+def yaml_scalar(value) -> str:
+    """``value`` written so that the trainer's YAML parsing of an override reads it back unchanged.
+
+    PyYAML reads ``1e-2`` as a string (YAML 1.1 wants ``1.0e-2``), so floats go through its dumper.
+    """
+    return yaml.safe_dump(value, default_flow_style=True).split("\n", 1)[0]
+
+
+def parse_method(spec: str) -> Method:
+    """Parse one method spec (see the module docstring); bad specs raise ValueError saying what is valid."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a method spec is a non-empty string such as 'baseline' or 'sz:rel=1e-2', got {spec!r}")
+    spec = spec.strip()
+    if spec in TRAINER_METHODS:
+        return Method(spec=spec, kind=spec)
+    from hpcdl.runtime.policy import config_from_spec
+
+    try:
+        config = config_from_spec(spec)
+    except ValueError as err:
+        raise ValueError(
+            f"bad method {spec!r}: {err}; methods are {', '.join(TRAINER_METHODS)} or a codec spec "
+            "such as sz:rel=1e-2, sz:abs=1e-3, quant:bits=2, cast:bf16"
+        ) from err
+    if config is None:  # the runtime's "none": no compression, which is the baseline
+        return Method(spec=spec, kind="baseline")
+    unknown = sorted(set(config) - set(CODEC_CONFIG_KEYS))
+    if unknown:
+        raise ValueError(
+            f"method {spec!r} sets {unknown}, which the trainer's compression section does not hold; "
+            f"it holds {list(CODEC_CONFIG_KEYS)}"
+        )
+    return Method(spec=spec, kind="codec", codec=tuple((key, config[key]) for key in CODEC_CONFIG_KEYS if key in config))
+
+
+def parse_methods(specs: str | list[str | Method]) -> list[Method]:
+    """Parse a comma-separated list (or a list) of method specs, refusing duplicates.
+
+    Commas also separate a codec's options (``quant:bits=4,group_size=128``), so a comma-separated
+    piece that holds ``=`` but no ``:`` continues the previous codec spec.
+    """
+    pieces = [piece.strip() for piece in specs.split(",")] if isinstance(specs, str) else list(specs)
+    joined: list[str] = []
+    for piece in pieces:
+        if joined and isinstance(piece, str) and "=" in piece and ":" not in piece:
+            joined[-1] = f"{joined[-1]},{piece}"
+        else:
+            joined.append(piece)
+    methods = [piece if isinstance(piece, Method) else parse_method(piece) for piece in joined]
+    seen: dict[str, str] = {}
+    for method in methods:
+        key = repr(method.overrides())
+        if key in seen:
+            raise ValueError(f"methods {seen[key]!r} and {method.spec!r} are the same method; list it once")
+        seen[key] = method.spec
+    if not methods:
+        raise ValueError("no methods given; e.g. --methods baseline,sz:rel=1e-2,checkpoint")
+    return methods

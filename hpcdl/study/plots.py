@@ -1,0 +1,158 @@
+"""The study's PNG plots, drawn with matplotlib's Agg backend (no display needed).
+
+Each function draws one figure for one model and writes it to ``path``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from hpcdl.study.summary import ModelSummary  # noqa: E402
+
+# Modules shown in the per-module plots: the ones saving the most bytes, so that deep models stay readable.
+TOP_MODULES = 16
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points no other point beats on both axes (more saving and a higher metric), by increasing saving."""
+    front = []
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return sorted(front)
+
+
+def plot_pareto(summary: ModelSummary, path: Path) -> None:
+    """Final validation metric against memory saved: activation ratio (left), peak-memory reduction (right)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    baseline = next((m for m in summary.methods if m.kind == "baseline" and m.val_metric), None)
+    for ax, attribute, label in ((axes[0], "activation_ratio", "activation compression ratio (x, log)"),
+                                 (axes[1], "peak_reduction", "peak-memory reduction vs baseline (x, log)")):
+        points = []
+        for method in summary.methods:
+            saving = getattr(method, attribute)
+            if method.kind == "baseline" and saving is None:
+                saving_mean = 1.0
+            elif saving is None or method.val_metric is None:
+                continue
+            else:
+                saving_mean = saving.mean
+            metric = method.val_metric
+            ax.errorbar(saving_mean, metric.mean, yerr=[[metric.mean - metric.low], [metric.high - metric.mean]],
+                        fmt="o", capsize=3)
+            ax.annotate(method.method, (saving_mean, metric.mean), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
+            points.append((saving_mean, metric.mean))
+        front = _pareto_front(points)
+        if len(front) > 1:
+            ax.plot(*zip(*front), "--", color="grey", linewidth=1, label="Pareto front")
+            ax.legend(fontsize=7, loc="lower left")
+        if baseline is not None:
+            ax.axhline(baseline.val_metric.mean, color="black", linewidth=0.6, alpha=0.5)
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"final {summary.metric_name} (mean, bars min-max over seeds)")
+    fig.suptitle(f"{summary.model} ({summary.scale}): validation metric vs memory saved")
+    _save(fig, path)
+
+
+def plot_curves(runs: list[dict], path: Path, metric: str) -> None:
+    """Training loss and validation metric per epoch, one line per method (mean over seeds, band min-max)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    methods = list(dict.fromkeys(run["method"] for run in runs if run["status"] == "ok"))
+    for method in methods:
+        mine = [run for run in runs if run["status"] == "ok" and run["method"] == method and run.get("epochs")]
+        for ax, key in ((axes[0], "train_loss"), (axes[1], "val_metric")):
+            per_epoch: dict[int, list[float]] = {}
+            for run in mine:
+                for entry in run["epochs"]:
+                    if entry.get(key) is not None:
+                        per_epoch.setdefault(entry["epoch"], []).append(entry[key])
+            if not per_epoch:
+                continue
+            epochs = sorted(per_epoch)
+            means = [statistics.fmean(per_epoch[e]) for e in epochs]
+            (line,) = ax.plot(epochs, means, marker="o", markersize=3, label=method)
+            ax.fill_between(epochs, [min(per_epoch[e]) for e in epochs], [max(per_epoch[e]) for e in epochs],
+                            color=line.get_color(), alpha=0.15)
+    axes[0].set_ylabel("training loss (epoch mean)")
+    axes[1].set_ylabel(metric)
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{runs[0]['model']} ({runs[0]['scale']}): training curves")
+    _save(fig, path)
+
+
+def top_modules(byte_counts: dict[str, float], count: int = TOP_MODULES) -> list[str]:
+    """The ``count`` modules with the most bytes, in their original (forward) order."""
+    keep = set(sorted(byte_counts, key=byte_counts.get, reverse=True)[:count])
+    return [name for name in byte_counts if name in keep]
+
+
+def plot_module_ratios(runs: list[dict], path: Path) -> bool:
+    """Per-module compression ratio (original / packed bytes) of each method that reports it; False if none does."""
+    ratios: dict[str, dict[str, float]] = {}
+    sizes: dict[str, float] = {}
+    for run in runs:
+        if run["status"] != "ok" or not run.get("per_module") or run["method_kind"] != "codec":
+            continue
+        method = ratios.setdefault(run["method"], {})
+        for name, entry in run["per_module"].items():
+            if entry.get("packed"):
+                method.setdefault(name, entry["original"] / entry["packed"])
+                sizes[name] = max(sizes.get(name, 0), entry["original"])
+    if not ratios:
+        return False
+    modules = top_modules(sizes)
+    fig, ax = plt.subplots(figsize=(11, 0.35 * len(modules) * max(1, len(ratios)) / 2 + 2))
+    height = 0.8 / len(ratios)
+    for index, (method, values) in enumerate(ratios.items()):
+        positions = [row + index * height for row in range(len(modules))]
+        ax.barh(positions, [values.get(name, 0) for name in modules], height=height, label=method)
+    ax.set_yticks([row + 0.4 - height / 2 for row in range(len(modules))])
+    ax.set_yticklabels([f"{name} ({sizes[name] / 2**20:.1f} MiB)" for name in modules], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("compression ratio of the activations saved in the module (x, log)")
+    ax.axvline(1, color="black", linewidth=0.6)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(f"{runs[0]['model']} ({runs[0]['scale']}): per-module ratio, "
+                 f"{len(modules)} largest modules (bytes per training step in brackets)")
+    _save(fig, path)
+    return True
+
+
+def plot_activation_distribution(model: str, stats: dict[str, dict], path: Path) -> None:
+    """Box plots of saved activation values per module (box 25-75 %, whiskers 1-99 %, dots 0.1/99.9 %)."""
+    modules = top_modules({name: entry["bytes"] for name, entry in stats.items() if "quantiles" in entry})
+    boxes = []
+    for name in modules:
+        q = stats[name]["quantiles"]
+        boxes.append({"label": f"{name} ({100 * stats[name]['zero_fraction']:.0f}% zeros)", "med": q["0.5"],
+                      "q1": q["0.25"], "q3": q["0.75"], "whislo": q["0.01"], "whishi": q["0.99"],
+                      "fliers": [q["0.001"], q["0.999"]]})
+    fig, ax = plt.subplots(figsize=(11, 0.35 * len(modules) + 2))
+    ax.bxp(boxes, orientation="horizontal", showfliers=True)
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xscale("symlog", linthresh=1e-2)
+    ax.set_xlabel("activation value saved for backward (symlog)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(f"{model}: values saved for backward per module at initialisation, {len(modules)} largest")
+    _save(fig, path)

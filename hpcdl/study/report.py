@@ -1,0 +1,139 @@
+"""``hpcdl study report DIR``: DIR/report.md with PNG plots beside it, from DIR/results.jsonl.
+
+Per model: the setup, a table (method, activation ratio, peak-memory reduction, final validation
+metric with its spread across seeds, its change vs the baseline of the same seed, step-time
+ratio), which methods hurt the metric, skipped and failed runs with their reasons, and four plots:
+metric vs memory saved (Pareto front), training curves, per-module compression ratios, and the
+distribution of activation values per module.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hpcdl.study.plots import plot_activation_distribution, plot_curves, plot_module_ratios, plot_pareto
+from hpcdl.study.results import read_results
+from hpcdl.study.summary import ModelSummary, Spread, group_runs, summarise_model
+
+REPORT_NAME = "report.md"
+
+
+def _spread(value: Spread | None, digits: int = 3, signed: bool = False, suffix: str = "") -> str:
+    if value is None:
+        return "—"
+    sign = "+" if signed else ""
+    text = f"{value.mean:{sign}.{digits}f}{suffix}"
+    if value.n > 1:
+        text += f" ± {value.std:.{digits}f} [{value.low:{sign}.{digits}f}, {value.high:{sign}.{digits}f}]"
+    return text
+
+
+def _table(summary: ModelSummary) -> list[str]:
+    lines = [
+        f"| method | activation ratio | peak-memory reduction | final {summary.metric_name} | "
+        f"change vs baseline | step-time ratio | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for method in summary.methods:
+        if not method.seeds:
+            continue
+        change = _spread(method.metric_change, signed=True) if method.kind != "baseline" else "(reference)"
+        if method.hurts:
+            change += " **hurts**"
+        lines.append(
+            f"| {method.method} | {_spread(method.activation_ratio, 2, suffix='x')} | "
+            f"{_spread(method.peak_reduction, 2, suffix='x')} | {_spread(method.val_metric)} | {change} | "
+            f"{_spread(method.step_time_ratio, 2, suffix='x')} | {','.join(map(str, method.seeds))} |"
+        )
+    return lines
+
+
+def _setup(runs: list[dict]) -> list[str]:
+    ok = [run for run in runs if run["status"] == "ok" and run.get("config")]
+    if not ok:
+        return []
+    config = ok[0]["config"]
+    dataset = config["data"].get("dataset") or "(the model's default)"
+    lines = [
+        f"Setup: dataset `{dataset}`"
+        + (f" ({config['data']['features']})" if config["data"].get("features") else "")
+        + f", {config['train']['epochs']} epochs, global batch {ok[0].get('batch_size', config['train']['batch'])}"
+        + (f", at most {config['train']['steps_per_epoch']} steps per epoch" if config["train"].get("steps_per_epoch")
+           else "")
+        + f", optimizer {config['optimizer']['name']} lr {config['optimizer']['lr']:g}"
+        + f", base config `{ok[0]['identity']['base_config']}`."
+    ]
+    if dataset == "synthetic":
+        lines.append("")
+        lines.append("**The data here are random inputs with random labels: the validation metric measures nothing "
+                     "learnable; read this model's rows for memory and speed only.**")
+    return lines
+
+
+def _same_start(summary: ModelSummary) -> str:
+    if not summary.same_start:
+        return "Same start: not checked (the trainer's metrics.jsonl had no first-step loss)."
+    parts = [f"seed {seed}: {'identical' if same else 'DIFFERENT'}" for seed, same in summary.same_start.items()]
+    verdict = "every method started" if all(summary.same_start.values()) else "NOT every method started"
+    return (f"Same start: {verdict} from the same weights and first batch (first-step training loss, "
+            f"which no activation method can change, per seed: {'; '.join(parts)}).")
+
+
+def write_report(out: str | os.PathLike) -> Path:
+    """Write ``out/report.md`` and its PNGs from ``out/results.jsonl``; return the report's path."""
+    out = Path(out)
+    results = read_results(out)
+    runs = results.runs()
+    if not runs:
+        raise ValueError(f"{results.path} holds no run records yet; run `hpcdl study run --out {out}` first")
+    activation_stats = results.activation_stats()
+    statuses = [run["status"] for run in runs]
+    env = next((run for run in runs if run["status"] == "ok"), runs[0])
+    device = env["device"]
+    lines = [
+        "# hpcdl impact study",
+        "",
+        f"Written by `hpcdl study report` from `{results.path.name}`: {len(runs)} runs "
+        f"({statuses.count('ok')} ok, {statuses.count('skipped')} skipped, {statuses.count('failed')} failed); "
+        f"torch {env['torch']}, hpcdl {env['hpcdl']}, on {device['type']} "
+        f"({device.get('name') or device.get('cpu')}, {device['threads']} threads).",
+        "",
+        "How to read the tables: *activation ratio* = bytes autograd saved for backward / bytes the method held "
+        "for them (higher saves more); *peak-memory reduction* = baseline peak / method peak, measured by the "
+        "trainer (higher saves more); *change vs baseline* = final validation metric minus the baseline's, paired "
+        "by seed (same initial weights and data order); *step-time ratio* = median step time / baseline's "
+        "(higher is slower). Values are mean ± std [min, max] over seeds. A method **hurts** when its metric fell "
+        "for every seed and by more on average than the baseline's own spread across seeds.",
+    ]
+    if results.truncated:
+        lines += ["", f"Note: the results file ends in an unfinished line (a run killed while writing); "
+                      f"it is ignored: `{results.truncated[:80]}`"]
+    for (model, scale), model_runs in group_runs(runs).items():
+        summary = summarise_model(model_runs)
+        stem = f"{model}-{scale}"
+        lines += ["", f"## {model} ({scale})", ""]
+        lines += _setup(model_runs)
+        lines += ["", _same_start(summary), ""]
+        lines += _table(summary)
+        hurting = [m.method for m in summary.methods if m.hurts]
+        lines += ["", "Where compression hurts: " + (", ".join(hurting) if hurting else
+                                                     "no method hurt the final metric beyond the seed spread.")]
+        for method in summary.methods:
+            for reason in method.skipped:
+                lines.append(f"- {method.method}: skipped — {reason}")
+            for error in method.failed:
+                lines.append(f"- {method.method}: FAILED — {error}")
+        plot_pareto(summary, out / f"{stem}-pareto.png")
+        plot_curves(model_runs, out / f"{stem}-curves.png", summary.metric_name)
+        lines += ["", f"![{model}: metric vs memory saved]({stem}-pareto.png)",
+                  "", f"![{model}: training curves]({stem}-curves.png)"]
+        if plot_module_ratios(model_runs, out / f"{stem}-modules.png"):
+            lines += ["", f"![{model}: per-module compression ratio]({stem}-modules.png)"]
+        stats = activation_stats.get((model, scale))
+        if stats:
+            plot_activation_distribution(model, stats, out / f"{stem}-activations.png")
+            lines += ["", f"![{model}: activation values per module]({stem}-activations.png)"]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

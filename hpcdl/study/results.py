@@ -1,0 +1,105 @@
+"""The study's results file: append-only JSON lines, one per finished (or skipped, or failed) run.
+
+Each line is written with a single ``os.write`` on an ``O_APPEND`` descriptor and fsync'd before the
+next run starts, so a crash loses at most the run in progress. A process killed in the middle of a
+write can leave one truncated last line; :func:`read_results` reports it (``ResultsFile.truncated``)
+and :func:`append_record` starts the next record on a fresh line, so the finished lines stay intact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULTS_NAME = "results.jsonl"
+FINISHED_STATUSES = ("ok", "skipped")
+
+
+@dataclass
+class ResultsFile:
+    """The parsed records of a results file, in file order, and the text of a truncated last line if any."""
+
+    path: Path
+    records: list[dict] = field(default_factory=list)
+    truncated: str | None = None
+
+    def runs(self) -> list[dict]:
+        """Run records (``kind == "run"``), the last one per key (a retried failure replaces the failure)."""
+        latest: dict[str, dict] = {}
+        for record in self.records:
+            if record.get("kind") == "run":
+                latest[record["key"]] = record
+        return list(latest.values())
+
+    def finished_keys(self, retry_failed: bool = False) -> set[str]:
+        """Keys that a resumed sweep skips: ok and skipped runs, and failed ones unless ``retry_failed``."""
+        statuses = FINISHED_STATUSES if retry_failed else FINISHED_STATUSES + ("failed",)
+        return {run["key"] for run in self.runs() if run.get("status") in statuses}
+
+    def activation_stats(self) -> dict[tuple[str, str], dict]:
+        """Per-module activation value statistics by (model, scale)."""
+        return {
+            (record["model"], record["scale"]): record["modules"]
+            for record in self.records
+            if record.get("kind") == "activation_stats" and "modules" in record
+        }
+
+
+def results_path(out: str | os.PathLike) -> Path:
+    """The results file of a study directory (or the file itself when given one)."""
+    out = Path(out)
+    return out if out.suffix == ".jsonl" else out / RESULTS_NAME
+
+
+def read_results(out: str | os.PathLike) -> ResultsFile:
+    """Parse a results file. A malformed line other than an unterminated last one is an error naming it."""
+    path = results_path(out)
+    if not path.exists():
+        raise FileNotFoundError(f"no results file at {path}; run `hpcdl study run --out {path.parent}` first")
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    parsed = ResultsFile(path=path)
+    # A file ending in "\n" splits into [..., ""]; anything else in the last slot is an unterminated line.
+    for number, line in enumerate(lines[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            parsed.records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {number} is not valid JSON ({err}); the file was edited or corrupted") from err
+    if lines[-1].strip():
+        try:
+            parsed.records.append(json.loads(lines[-1]))
+        except json.JSONDecodeError:
+            parsed.truncated = lines[-1]
+    return parsed
+
+
+def _finite_or_none(value):
+    """The record with NaN/Inf floats replaced by None, so every line is strict JSON (a diverged loss reads null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(item) for item in value]
+    return value
+
+
+def append_record(out: str | os.PathLike, record: dict) -> None:
+    """Append one record as a JSON line, durably (fsync), starting a fresh line after a truncated one."""
+    path = results_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(_finite_or_none(record), sort_keys=True, allow_nan=False) + "\n"
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line
+        os.write(fd, line.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
