@@ -1,0 +1,49 @@
+"""Compressed activations in training: the saved-tensor session, policies, and what they saved.
+
+>>> policy = hpcdl.Policy.static({"id": "sz", "mode": "rel", "bound": 1e-2})
+>>> with hpcdl.compressed(model, policy) as session:
+...     loss = loss_fn(model(x), y)
+>>> loss.backward()
+>>> print(session.stats.table())
+"""
+
+from hpcdl.runtime.policy import (
+    Controller,
+    GradStat,
+    PerModuleController,
+    Policy,
+    SavedTensorInfo,
+    StaticController,
+    config_from_spec,
+    policy_from_spec,
+    spec_from_config,
+)
+from hpcdl.runtime.session import (
+    DEFAULT_THRESHOLD,
+    CompressionFallbackWarning,
+    ReleasedError,
+    Session,
+    VerificationError,
+    compressed,
+)
+from hpcdl.runtime.stats import Row, Stats
+
+__all__ = [
+    "CompressionFallbackWarning",
+    "Controller",
+    "DEFAULT_THRESHOLD",
+    "GradStat",
+    "PerModuleController",
+    "Policy",
+    "ReleasedError",
+    "Row",
+    "SavedTensorInfo",
+    "Session",
+    "StaticController",
+    "Stats",
+    "VerificationError",
+    "compressed",
+    "config_from_spec",
+    "policy_from_spec",
+    "spec_from_config",
+]

@@ -1,0 +1,253 @@
+"""Which codec each saved tensor gets: :class:`Policy`, the :class:`Controller` interface, and method specs.
+
+A :class:`Policy` routes by what a saved tensor is. Boolean tensors (dropout
+masks) go to the exact ``bitmask`` codec and integer tensors (max-pool
+indices) to the exact ``int`` codec, because a lossy mask or index would change
+which elements backward touches. Floating tensors ("activations") go to
+whatever the policy's :class:`Controller` chooses.
+
+A controller is the seam for adaptive compression: it is asked once per saved
+floating tensor with a :class:`SavedTensorInfo` (module name, kind, shape,
+dtype, step, and the gradient statistics of the previous step) and returns a
+codec config, or ``None`` to keep the tensor as it is. :meth:`Policy.static`
+and :meth:`Policy.per_module` are the two built-in controllers;
+``Policy(MyController())`` plugs in another one.
+
+Method specs are the short strings that the trainer, the study and the command
+line use to name a policy: ``"sz:rel=1e-2"``, ``"quant:bits=2,group_size=256"``,
+``"cast:bf16"``, ``"raw"``. :func:`policy_from_spec` parses one and
+:func:`spec_from_config` writes one back.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from hpcdl.compress import ERROR_BOUND_MODES, FLOAT_DTYPES, Codec, get_codec
+
+MASK_CODEC = {"id": "bitmask"}
+INDEX_CODEC = {"id": "int"}
+KINDS = ("activation", "mask", "index")
+
+
+@dataclass(frozen=True)
+class GradStat:
+    """Statistics of one module's parameter gradients after a backward pass."""
+
+    norm: float
+    max_abs: float
+    numel: int
+
+
+@dataclass(frozen=True)
+class SavedTensorInfo:
+    """What a controller may look at when it chooses a codec for one saved tensor."""
+
+    module: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    step: int
+    grad_stats: Mapping[str, GradStat] = field(default_factory=dict)
+
+
+class Controller(ABC):
+    """Chooses the codec of each saved floating tensor; implement this for an adaptive policy.
+
+    ``choose`` runs inside autograd's pack hook, once per saved floating tensor
+    above the session's size threshold, so keep it cheap. ``observe`` is called
+    by :meth:`Policy.record_gradients` after a backward pass with per-module
+    gradient statistics; ``info.grad_stats`` of the next step carries the same
+    mapping.
+    """
+
+    @abstractmethod
+    def choose(self, info: SavedTensorInfo) -> dict | None:
+        """A codec config such as ``{"id": "sz", "mode": "rel", "bound": 1e-2}``, or None to keep the tensor."""
+
+    def configs(self) -> list[dict]:
+        """Every config this controller can return, so that a policy can validate them up front."""
+        return []
+
+    def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:
+        """Called with last step's gradient statistics; the built-in controllers ignore them."""
+
+
+class StaticController(Controller):
+    """The same codec for every floating tensor."""
+
+    def __init__(self, config: dict | None):
+        self.config = config
+
+    def choose(self, info: SavedTensorInfo) -> dict | None:
+        return self.config
+
+    def configs(self) -> list[dict]:
+        return [self.config] if self.config is not None else []
+
+
+class PerModuleController(Controller):
+    """The codec of the first glob pattern (in the given order) that matches the module's qualified name."""
+
+    def __init__(self, patterns: Mapping[str, dict | None], default: dict | None):
+        if not isinstance(patterns, Mapping) or not all(isinstance(key, str) for key in patterns):
+            raise TypeError(f"per_module takes a dict of glob pattern -> codec config, got {patterns!r}")
+        self.patterns = dict(patterns)
+        self.default = default
+
+    def choose(self, info: SavedTensorInfo) -> dict | None:
+        for pattern, config in self.patterns.items():
+            if fnmatch.fnmatchcase(info.module, pattern):
+                return config
+        return self.default
+
+    def configs(self) -> list[dict]:
+        return [c for c in [*self.patterns.values(), self.default] if c is not None]
+
+
+class Policy:
+    """Routes each saved tensor to a codec: masks and indices exactly, activations by a controller."""
+
+    def __init__(self, controller: Controller, *, masks: dict | None = MASK_CODEC, indices: dict | None = INDEX_CODEC):
+        if not isinstance(controller, Controller):
+            raise TypeError(f"Policy takes a Controller, got {type(controller).__name__}; use Policy.static(config)")
+        self.controller = controller
+        self.masks = masks
+        self.indices = indices
+        self.step = 0
+        self.grad_stats: dict[str, GradStat] = {}
+        self.warned_modules: set[str] = set()  # modules whose codec failure was already reported
+        self._codecs: dict[str, Codec] = {}
+        for config in controller.configs():
+            self._check_activation_codec(config)
+        for config, dtype in ((masks, torch.bool), (indices, torch.int64)):
+            if config is not None and dtype not in self.codec(config).dtypes:
+                raise ValueError(f"codec {config!r} cannot encode {dtype} tensors")
+
+    @classmethod
+    def static(cls, config: dict | None, **routing) -> "Policy":
+        """One codec config for every floating tensor (None keeps them as they are)."""
+        return cls(StaticController(config), **routing)
+
+    @classmethod
+    def per_module(cls, patterns: Mapping[str, dict | None], default: dict | None = None, **routing) -> "Policy":
+        """Codec configs by glob over qualified module names, e.g. ``{"encoder.*": {...}}``; first match wins."""
+        return cls(PerModuleController(patterns, default), **routing)
+
+    def codec(self, config: dict) -> Codec:
+        """The codec for ``config``, built once and reused (building validates the config)."""
+        if not isinstance(config, dict):
+            raise TypeError(f"a codec config is a dict like {{'id': 'sz', 'mode': 'rel', 'bound': 1e-2}}, got {config!r}")
+        key = json.dumps(config, sort_keys=True, default=str)
+        if key not in self._codecs:
+            self._codecs[key] = get_codec(config)
+        return self._codecs[key]
+
+    def _check_activation_codec(self, config: dict) -> None:
+        codec = self.codec(config)
+        if not codec.dtypes & FLOAT_DTYPES:
+            raise ValueError(
+                f"codec {config!r} cannot encode floating tensors, so it cannot compress activations; "
+                "use a float codec such as {'id': 'sz', 'mode': 'rel', 'bound': 1e-2} or {'id': 'raw'}"
+            )
+
+    def codec_for(self, info: SavedTensorInfo) -> Codec | None:
+        """The codec for one saved tensor, or None to keep it as it is."""
+        if info.kind == "mask":
+            config = self.masks
+        elif info.kind == "index":
+            config = self.indices
+        else:
+            config = self.controller.choose(info)
+        return None if config is None else self.codec(config)
+
+    def info(self, module: str, kind: str, tensor: torch.Tensor) -> SavedTensorInfo:
+        return SavedTensorInfo(module, kind, tuple(tensor.shape), tensor.dtype, self.step, self.grad_stats)
+
+    def record_gradients(self, model: torch.nn.Module) -> dict[str, GradStat]:
+        """Summarise each module's own parameter gradients and pass them to the controller; call after backward."""
+        stats = {}
+        for name, module in model.named_modules():
+            grads = [p.grad.detach() for p in module.parameters(recurse=False) if p.grad is not None]
+            if not grads:
+                continue
+            norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
+            max_abs = max(float(g.abs().max()) if g.numel() else 0.0 for g in grads)
+            stats[name or "(model)"] = GradStat(norm=norm, max_abs=max_abs, numel=sum(g.numel() for g in grads))
+        self.grad_stats = stats
+        self.controller.observe(self.step, stats)
+        return stats
+
+    def describe(self) -> str:
+        """A short name: the method spec of a static policy, else the controller's class name."""
+        if isinstance(self.controller, StaticController):
+            return spec_from_config(self.controller.config)
+        return type(self.controller).__name__
+
+    def __repr__(self) -> str:
+        return f"Policy({self.describe()})"
+
+
+# Options given without a key, by codec id: "cast:bf16" means dtype=bf16.
+_POSITIONAL_OPTION = {"cast": "dtype"}
+
+
+def _parse_value(text: str):
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def config_from_spec(spec: str) -> dict | None:
+    """``"sz:rel=1e-2"`` -> ``{"id": "sz", "mode": "rel", "bound": 0.01}``; ``"none"`` -> None."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"a method spec is a string like 'sz:rel=1e-2', 'quant:bits=2', 'cast:bf16' or 'raw', got {spec!r}")
+    codec_id, _, options = spec.strip().partition(":")
+    if codec_id == "none":
+        if options:
+            raise ValueError(f"method spec 'none' takes no options, got {spec!r}")
+        return None
+    config: dict = {"id": codec_id}
+    for option in filter(None, (o.strip() for o in options.split(","))):
+        key, equals, value = option.partition("=")
+        if not equals:
+            if codec_id not in _POSITIONAL_OPTION:
+                raise ValueError(f"option {option!r} in {spec!r} needs the form key=value (e.g. 'sz:rel=1e-2')")
+            key, value = _POSITIONAL_OPTION[codec_id], option
+        if key in ERROR_BOUND_MODES:
+            config["mode"], config["bound"] = key, _parse_value(value)
+        else:
+            config[key] = _parse_value(value)
+    get_codec(config)  # refuse an unknown id or bad options now, with the codec's own message
+    return config
+
+
+def spec_from_config(config: dict | None) -> str:
+    """The inverse of :func:`config_from_spec`, for display: ``{"id": "sz", "mode": "rel", "bound": 0.01}`` -> ``"sz:rel=0.01"``."""
+    if config is None:
+        return "none"
+    options = []
+    rest = {key: value for key, value in config.items() if key != "id"}
+    if "mode" in rest and "bound" in rest:
+        options.append(f"{rest.pop('mode')}={rest.pop('bound')!r}")
+    positional = _POSITIONAL_OPTION.get(config["id"])
+    if positional in rest:
+        options.append(str(rest.pop(positional)))
+    options.extend(f"{key}={value}" for key, value in rest.items())
+    return config["id"] + (":" + ",".join(options) if options else "")
+
+
+def policy_from_spec(spec: str, **routing) -> Policy | None:
+    """A static :class:`Policy` from a method spec; ``"none"`` gives None (no compression)."""
+    config = config_from_spec(spec)
+    return None if config is None else Policy.static(config, **routing)

@@ -1,0 +1,348 @@
+"""``hpcdl.compressed(model, policy)``: compress what autograd saves for backward, and give it back on demand.
+
+The session is a ``torch.autograd.graph.saved_tensors_hooks`` context plus
+forward pre/post hooks on every submodule (to know which module is saving).
+
+Pack (during forward), for each saved tensor:
+
+* parameters, buffers and views of them are returned as they are (they stay
+  alive anyway); so are tensors under ``threshold`` bytes, non-strided
+  tensors and dtypes no codec takes;
+* a storage span that is already packed at the same version (a ReLU output
+  the next conv saves again, a transposed view) is shared, not packed again;
+* otherwise the policy picks a codec by kind (bool -> ``bitmask``, integer ->
+  ``int``, floating -> the policy's codec) and the span is encoded at once.
+  Nothing in the session keeps a reference to the original, so autograd's
+  copy is freed as soon as the forward code drops it. A codec that raises
+  leaves the tensor as it is, with a :class:`CompressionFallbackWarning`.
+
+Unpack (during backward) decodes into a fresh tensor and returns the view
+autograd saved (same size, strides and offset). A decoded span is reused by a
+second view only while the first unpacked tensor is still alive. Packed data
+lives in entries owned by the handles autograd holds, so it is freed as soon
+as autograd drops the graph (after backward) or when :meth:`Session.release`
+is called.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+import weakref
+
+import torch
+
+from hpcdl.compress import Codec, Packed, check_bound
+from hpcdl.runtime.classify import Footprint, ModelStorages, dense_order, is_plain_strided, kind_of
+from hpcdl.runtime.policy import Policy, policy_from_spec
+from hpcdl.runtime.stats import Row, Stats
+
+DEFAULT_THRESHOLD = 64 * 1024
+OUTSIDE = "(outside)"
+ROOT = "(model)"
+
+_active = threading.local()
+
+
+class CompressionFallbackWarning(UserWarning):
+    """A codec failed on a saved tensor; the tensor was kept uncompressed (once per module and policy)."""
+
+
+class VerificationError(AssertionError):
+    """In ``verify=True`` mode, a decompressed tensor broke its codec's guarantee."""
+
+
+class ReleasedError(RuntimeError):
+    """Backward asked for a saved tensor whose packed data was already released."""
+
+
+class _Entry:
+    """One packed storage span, shared by every handle that saved a view inside it."""
+
+    __slots__ = (
+        "codec", "packed", "kept", "original", "lo", "hi", "dense", "footprint", "storage", "dtype", "device",
+        "row", "stats", "decoded", "decoded_version", "released", "__weakref__",
+    )
+
+    def __init__(self, tensor: torch.Tensor, footprint: Footprint, dense: bool, row: Row, stats: Stats):
+        self.footprint = footprint
+        self.dense = dense
+        self.lo, self.hi = footprint.lo, footprint.hi
+        self.storage = weakref.ref(tensor.untyped_storage())
+        self.dtype, self.device = tensor.dtype, tensor.device
+        self.row, self.stats = row, stats
+        self.codec: Codec | None = None
+        self.packed: Packed | None = None
+        self.kept: torch.Tensor | None = None
+        self.original: torch.Tensor | None = None
+        self.decoded = None
+        self.decoded_version = -1
+        self.released = False
+
+    def shares(self, tensor: torch.Tensor, footprint: Footprint) -> bool:
+        """Whether ``tensor`` is a view this entry can rebuild: same live storage, inside a dense span."""
+        if self.released or tensor.dtype != self.dtype or self.storage() is not tensor.untyped_storage():
+            return False
+        return footprint.within(self.lo, self.hi) if self.dense else footprint == self.footprint
+
+    @property
+    def nbytes(self) -> int:
+        if self.packed is not None:
+            return self.packed.nbytes
+        return self.kept.numel() * self.kept.element_size() if self.kept is not None else 0
+
+    def restore(self, footprint: Footprint) -> torch.Tensor:
+        if self.released:
+            raise ReleasedError(
+                "backward needs a saved activation whose packed data was released (session.release() ran before "
+                "backward used it); run loss.backward() first and release afterwards, or do not call release()"
+            )
+        if self.kept is not None:
+            return torch.as_strided(self.kept, footprint.size, footprint.stride, footprint.offset)
+        base = self._decoded_base()
+        if self.dense:
+            return base.as_strided(footprint.size, footprint.stride, base.storage_offset() + footprint.offset - self.lo)
+        span = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
+        view = span.as_strided(footprint.size, footprint.stride, footprint.offset - self.lo)
+        view.copy_(base)
+        return view
+
+    def _decoded_base(self) -> torch.Tensor:
+        cached = self.decoded() if self.decoded is not None else None
+        if cached is not None and cached._version == self.decoded_version:
+            return cached
+        start = time.perf_counter()
+        base = self.codec.decode(self.packed).contiguous()
+        self.row.decode_s += time.perf_counter() - start
+        if self.original is not None:
+            _verify(self.codec, self.original, base)
+            self.stats.verified += 1
+        self.decoded, self.decoded_version = weakref.ref(base), base._version
+        return base
+
+    def release(self) -> None:
+        self.packed = self.kept = self.original = self.decoded = None
+        self.released = True
+
+
+class _SavedRef:
+    """What autograd holds for one saved tensor: its entry and the view to rebuild."""
+
+    __slots__ = ("entry", "footprint")
+
+    def __init__(self, entry: _Entry, footprint: Footprint):
+        self.entry, self.footprint = entry, footprint
+
+
+def _verify(codec: Codec, original: torch.Tensor, restored: torch.Tensor) -> None:
+    """Check one decoded span against its original by the codec's own guarantee."""
+    if restored.shape != original.shape or restored.dtype != original.dtype:
+        raise VerificationError(
+            f"codec {codec!r} returned {tuple(restored.shape)} {restored.dtype} for {tuple(original.shape)} {original.dtype}"
+        )
+    if codec.lossless:
+        if not torch.equal(restored.reshape(-1).view(torch.uint8), original.reshape(-1).view(torch.uint8)):
+            raise VerificationError(f"lossless codec {codec!r} changed the bits of a saved tensor")
+    elif codec.error_bounded:
+        config = codec.get_config()
+        report = check_bound(original, restored, config["mode"], config["bound"])
+        if not report.ok:
+            raise VerificationError(f"codec {codec!r} broke its bound on a saved tensor: {report}")
+
+
+class Session:
+    """One compressed forward (and the backward that follows); create it with :func:`compressed`."""
+
+    def __init__(self, model: torch.nn.Module, policy: Policy | None, threshold: int, verify: bool):
+        self.model = model
+        self.policy = policy
+        self.threshold = threshold
+        self.verify = verify
+        self.stats = Stats()
+        self._entries: weakref.WeakSet[_Entry] = weakref.WeakSet()
+        self._by_storage: dict[tuple, list[weakref.ref]] = {}
+        self._module_stack: list[str] = []
+        self._handles: list = []
+        self._storages: ModelStorages | None = None
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._state = "new"
+
+    # -- context manager ------------------------------------------------------------------------------------
+    def __enter__(self) -> "Session":
+        if self._state != "new":
+            raise RuntimeError("a session covers one forward pass; open a new one with hpcdl.compressed(model, policy)")
+        if getattr(_active, "session", None) is not None:
+            raise RuntimeError(
+                "hpcdl.compressed sessions cannot be nested: exit the outer `with hpcdl.compressed(...)` block first "
+                "(to compress parts of a model differently, use one session with Policy.per_module)"
+            )
+        self._storages = ModelStorages(self.model)
+        for name, module in self.model.named_modules():
+            label = name or ROOT
+            self._handles.append(module.register_forward_pre_hook(self._enter_module(label)))
+            self._handles.append(module.register_forward_hook(self._leave_module(label), always_call=True))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        _active.session = self
+        self._state = "open"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _active.session = None
+        self._hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._by_storage.clear()
+        self._state = "closed"
+        if self.policy is not None:
+            self.policy.step += 1
+
+    def _enter_module(self, label: str):
+        def hook(module, args):
+            self._module_stack.append(label)
+        return hook
+
+    def _leave_module(self, label: str):
+        def hook(module, args, output):
+            if self._module_stack and self._module_stack[-1] == label:
+                self._module_stack.pop()
+        return hook
+
+    # -- what the session holds -----------------------------------------------------------------------------
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of packed (or kept) data the session's live entries hold right now."""
+        return sum(entry.nbytes for entry in list(self._entries))
+
+    @property
+    def live_entries(self) -> int:
+        """Entries still held by autograd (0 once the graph is freed or the session released)."""
+        return sum(1 for entry in list(self._entries) if not entry.released)
+
+    def release(self) -> None:
+        """Free every packed tensor now; a backward that still needs one then raises :class:`ReleasedError`."""
+        for entry in list(self._entries):
+            entry.release()
+
+    # -- saved-tensor hooks ---------------------------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor):
+        if not is_plain_strided(tensor):
+            return tensor
+        kind = kind_of(tensor)
+        if kind is None:
+            return tensor
+        module = self._module_stack[-1] if self._module_stack else OUTSIDE
+        if self._storages.owns(tensor):
+            self.stats.row(module, "parameter").count += 1
+            return tensor
+        footprint = Footprint.of(tensor)
+        row = self.stats.row(module, kind)
+        row.count += 1
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor._version)
+        shared = self._find_shared(key, tensor, footprint)
+        if shared is not None:
+            row.shared += 1
+            return _SavedRef(shared, footprint)
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes < self.threshold:
+            row.kept += 1
+            row.original += nbytes
+            row.packed += nbytes
+            small_view_of_large_storage = tensor.untyped_storage().nbytes() > 2 * nbytes
+            return tensor.clone() if small_view_of_large_storage else tensor
+        entry = self._new_entry(tensor, footprint, module, kind, row)
+        self._entries.add(entry)
+        self._by_storage.setdefault(key, []).append(weakref.ref(entry))
+        return _SavedRef(entry, footprint)
+
+    def _find_shared(self, key: tuple, tensor: torch.Tensor, footprint: Footprint) -> _Entry | None:
+        for ref in self._by_storage.get(key, ()):
+            entry = ref()
+            if entry is not None and entry.shares(tensor, footprint):
+                return entry
+        return None
+
+    def _new_entry(self, tensor: torch.Tensor, footprint: Footprint, module: str, kind: str, row: Row) -> _Entry:
+        if tensor.is_contiguous():
+            base, dense = tensor, True
+        else:
+            order = dense_order(tensor)
+            dense = order is not None
+            base = tensor.permute(order) if dense else tensor.contiguous()
+        entry = _Entry(tensor, footprint, dense, row, self.stats)
+        nbytes = base.numel() * base.element_size()
+        row.original += nbytes
+        codec = self.policy.codec_for(self.policy.info(module, kind, tensor)) if self.policy is not None else None
+        if codec is None:
+            entry.kept = tensor
+            row.kept += 1
+            row.packed += nbytes
+            return entry
+        start = time.perf_counter()
+        try:
+            entry.packed = codec.encode(base)
+        except Exception as err:  # a codec bug or an input it cannot take must not break training
+            self._fall_back(module, codec, tensor, err)
+            entry.kept = tensor
+            row.fallbacks += 1
+            row.packed += nbytes
+            return entry
+        row.encode_s += time.perf_counter() - start
+        row.packed += entry.packed.nbytes
+        entry.codec = codec
+        if self.verify:
+            entry.original = base.detach().clone(memory_format=torch.contiguous_format)
+        return entry
+
+    def _fall_back(self, module: str, codec: Codec, tensor: torch.Tensor, err: Exception) -> None:
+        warned = self.policy.warned_modules
+        if module in warned:
+            return
+        warned.add(module)
+        warnings.warn(
+            f"codec {codec!r} failed on a {tuple(tensor.shape)} {tensor.dtype} tensor saved by module {module!r} "
+            f"({type(err).__name__}: {err}); keeping such tensors uncompressed (stats count the fallbacks)",
+            CompressionFallbackWarning,
+            stacklevel=2,
+        )
+
+    def _unpack(self, saved):
+        if isinstance(saved, _SavedRef):
+            return saved.entry.restore(saved.footprint)
+        return saved
+
+
+def compressed(
+    model: torch.nn.Module,
+    policy: Policy | str | dict | None,
+    *,
+    threshold: int = DEFAULT_THRESHOLD,
+    verify: bool = False,
+) -> Session:
+    """Compress everything autograd saves while ``model``'s forward runs inside the returned context.
+
+    ``policy`` is a :class:`Policy`, a method spec (``"sz:rel=1e-2"``), a codec
+    config dict (used for every floating tensor), or None (nothing compressed,
+    stats only). Tensors under ``threshold`` bytes are kept as they are.
+    ``verify=True`` keeps each original and checks every decompressed tensor
+    against it by its codec's guarantee (a test mode: it costs the memory the
+    session otherwise saves).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"hpcdl.compressed needs the torch.nn.Module whose forward runs inside the block, got {type(model).__name__}"
+        )
+    if isinstance(policy, str):
+        policy = policy_from_spec(policy)
+    elif isinstance(policy, dict):
+        policy = Policy.static(policy)
+    elif policy is not None and not isinstance(policy, Policy):
+        raise TypeError(
+            f"policy must be a hpcdl.Policy, a method spec like 'sz:rel=1e-2', a codec config dict or None, "
+            f"got {type(policy).__name__}"
+        )
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise ValueError(f"threshold is a size in bytes >= 0 (default {DEFAULT_THRESHOLD}), got {threshold!r}")
+    return Session(model, policy, threshold, bool(verify))

@@ -1,0 +1,104 @@
+"""What a session saved and what it cost: counts and bytes per module and kind, codec time, fallbacks.
+
+``original`` counts the bytes autograd would have held: each distinct storage
+span once, however many times it was saved (repeats are counted as
+``shared``). ``packed`` counts what the session holds instead: packed bytes,
+or the original bytes of tensors kept as they are (under the size threshold,
+or after a codec failure). Parameters and buffers are only counted (kind
+``parameter``): they are alive anyway and never part of the ratio.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class Row:
+    """Totals for one (module, kind)."""
+
+    count: int = 0
+    shared: int = 0
+    kept: int = 0
+    fallbacks: int = 0
+    original: int = 0
+    packed: int = 0
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.original / self.packed if self.packed else 1.0
+
+    def add(self, other: "Row") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "ratio": self.ratio}
+
+
+class Stats:
+    """Per-(module, kind) :class:`Row` s, filled by a session's hooks."""
+
+    def __init__(self):
+        self.rows: dict[tuple[str, str], Row] = defaultdict(Row)
+        self.verified = 0  # decoded spans checked against their originals (verify mode)
+
+    def row(self, module: str, kind: str) -> Row:
+        return self.rows[(module, kind)]
+
+    def total(self) -> Row:
+        total = Row()
+        for row in self.rows.values():
+            total.add(row)
+        return total
+
+    @property
+    def original_bytes(self) -> int:
+        return self.total().original
+
+    @property
+    def packed_bytes(self) -> int:
+        return self.total().packed
+
+    @property
+    def ratio(self) -> float:
+        """Original over packed bytes of everything saved (1.0 when nothing was)."""
+        return self.total().ratio
+
+    @property
+    def fallbacks(self) -> int:
+        return self.total().fallbacks
+
+    def per_module(self) -> dict[str, dict]:
+        """``{module: {"original": int, "packed": int, "ratio": float, "count": ..., ...}}`` over all kinds."""
+        modules: dict[str, Row] = defaultdict(Row)
+        for (module, _kind), row in self.rows.items():
+            modules[module].add(row)
+        return {module: row.as_dict() for module, row in modules.items()}
+
+    def table(self) -> str:
+        """A text table: one line per module and kind, then the total."""
+        header = ("module", "kind", "count", "shared", "kept", "fallbk", "original", "packed", "ratio", "enc s", "dec s")
+        lines = [(module, kind, row) for (module, kind), row in sorted(self.rows.items())]
+        lines.append(("total", "", self.total()))
+        cells = [header] + [
+            (module, kind, str(row.count), str(row.shared), str(row.kept), str(row.fallbacks),
+             _human(row.original), _human(row.packed), f"{row.ratio:.2f}", f"{row.encode_s:.4f}", f"{row.decode_s:.4f}")
+            for module, kind, row in lines
+        ]
+        widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+        return "\n".join(
+            "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+            for line in cells
+        )
+
+
+def _human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(nbytes) < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
