@@ -68,7 +68,6 @@ def parse_bytes(value: int | float | str) -> int:
 
 SCHEMA: dict[str, Any] = {
     "description": Field("str", "", help="one line shown by `hpcdl configs`"),
-    "extends": Field("str", None, nullable=True, help="a shipped config name or path this config starts from"),
     "name": Field("str", None, nullable=True, help="run name (default: the config's name)"),
     "model": {
         "name": Field("str", help="a name from `hpcdl models`"),
@@ -107,7 +106,6 @@ SCHEMA: dict[str, Any] = {
         "warmup_steps": Field("int", 0, minimum=0),
         "schedule": Field("str", "constant", choices=("cosine", "constant")),
         "min_lr_fraction": Field("float", 0.0, minimum=0.0, maximum=1.0, help="cosine floor as a fraction of lr"),
-        "grad_clip": Field("float", None, minimum=0.0, nullable=True, help="clip the global gradient norm"),
     },
     "compression": {
         "method": Field("str", "none", choices=("none", "codec", "checkpoint", "offload")),
@@ -305,7 +303,7 @@ def configs_dir() -> Path:
 def shipped_configs() -> dict[str, str]:
     """Shipped config name -> its one-line description."""
     listing = {}
-    for path in sorted(configs_dir().glob("*.yaml")):
+    for path in sorted(configs_dir().glob("*.yaml"), key=lambda p: p.stem):
         listing[path.stem] = (_read_yaml(path).get("description") or "").strip()
     return listing
 
