@@ -1,0 +1,178 @@
+"""The plain PyTorch reference of the sz/int block format: it is the specification.
+
+Readable, vectorised over blocks, and bit-identical to the kernels in
+kernels/sz_block.cuh (tests compare the bytes). Works on any device; it is the
+fallback when the host library is not built. Every function here has a twin of
+the same name and signature in host.py and cuda.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hpcdl.compress.sz.params import KERNEL_MODE_PW_REL, MAX_Q, SzParams, compute_dtype
+from hpcdl.compress.sz.stream import BLOCK, block_count
+
+PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO = 0, 1, 2
+_CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
+_INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def _wrap32(values: torch.Tensor) -> torch.Tensor:
+    """int64 values taken modulo 2^32 into the int32 range (two's complement), as int64."""
+    return ((values + 2**31) & 0xFFFFFFFF) - 2**31
+
+
+def _zigzag(d: torch.Tensor) -> torch.Tensor:
+    """Zigzag of int32-range int64 values, as non-negative int64 < 2^32."""
+    return ((d << 1) ^ (d >> 63)) & 0xFFFFFFFF
+
+
+def _unzigzag(u: torch.Tensor) -> torch.Tensor:
+    return (u >> 1) ^ -(u & 1)
+
+
+def _bit_width(u: torch.Tensor) -> torch.Tensor:
+    """Bits needed for each non-negative int64 value < 2^53 (0 for 0)."""
+    return torch.frexp(u.to(torch.float64)).exponent.to(torch.int64)
+
+
+# ---------------------------------------------------------------- quantizer
+
+
+def value_of(q: torch.Tensor, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
+    """Decoded value of each code, in ``dtype`` (computed in float32, or float64 for float64)."""
+    compute = compute_dtype(dtype)
+    magnitude = q.to(torch.int64).abs()
+    if params.kernel_mode == KERNEL_MODE_PW_REL:
+        half = (1 << params.shift) >> 1
+        bits = ((magnitude - 1).clamp(min=0) << params.shift) | half
+        value = bits.to(_INT_OF[compute]).view(compute)
+    else:
+        value = (2 * magnitude - 1).to(compute) * torch.tensor(params.eb, dtype=torch.float64).to(compute)
+    value = torch.where(q < 0, -value, value)
+    return torch.where(q == 0, torch.zeros_like(value), value).to(dtype)
+
+
+def quantize(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes (int32) and outlier flags (uint8) of a flat float tensor.
+
+    An element is an outlier, stored exactly with code 0, when it is NaN, +-Inf or
+    -0.0, when its code would pass MAX_Q, or when its decoded value in x's dtype
+    breaks the bound, zero or sign (rounding at bin edges, underflow, overflow).
+    """
+    compute = compute_dtype(x.dtype)
+    xt = x.to(compute)
+    xd = xt.to(torch.float64)
+    magnitude = xt.abs()
+    if params.kernel_mode == KERNEL_MODE_PW_REL:
+        level = (magnitude.view(_INT_OF[compute]).to(torch.int64) >> params.shift) + 1
+        usable = level <= MAX_Q
+        tolerance = params.bound * xd.abs()
+    else:
+        inv = torch.tensor(params.inv, dtype=torch.float64).to(compute)
+        level_t = torch.ceil(magnitude * inv)
+        usable = (level_t <= MAX_Q) & (level_t >= 1)
+        level = torch.where(usable, level_t, torch.zeros_like(level_t)).to(torch.int64)
+        tolerance = torch.full_like(xd, params.eb)
+    finite, zero = torch.isfinite(xd), xd == 0
+    usable &= finite & ~zero
+    code = torch.where(xt < 0, -level, level)
+    code = torch.where(usable, code, torch.zeros_like(code))
+    yd = value_of(code, x.dtype, params).to(torch.float64)
+    exact = ((xd - yd).abs() <= tolerance) & ((xd > 0) == (yd > 0)) & ((xd < 0) == (yd < 0))
+    good = usable & exact
+    outlier = ~good & ~(zero & ~torch.signbit(xt))
+    return torch.where(good, code, torch.zeros_like(code)).to(torch.int32), outlier.to(torch.uint8)
+
+
+# ---------------------------------------------------------------- blocks
+
+
+def _lanes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes as (blocks, 32) int64, zero-padded, and the mask of lanes that hold elements."""
+    n = q.numel()
+    padded = torch.zeros(block_count(n) * BLOCK, dtype=torch.int64, device=q.device)
+    padded[:n] = q.to(torch.int64)
+    present = torch.arange(block_count(n) * BLOCK, device=q.device) < n
+    return padded.view(-1, BLOCK), present.view(-1, BLOCK)
+
+
+def _predicted(lanes: torch.Tensor, present: torch.Tensor, predictor: torch.Tensor) -> torch.Tensor:
+    """The unsigned values u each block packs, for each block's predictor; 0 in lanes without elements."""
+    previous = torch.nn.functional.pad(lanes[:, :-1], (1, 0))
+    by_predictor = torch.stack([_zigzag(lanes), lanes & 0xFFFFFFFF, _zigzag(_wrap32(lanes - previous))])
+    u = torch.gather(by_predictor, 0, predictor.view(1, -1, 1).expand(1, *lanes.shape))[0]
+    return torch.where(present, u, torch.zeros_like(u))
+
+
+def block_headers(q: torch.Tensor) -> torch.Tensor:
+    """One byte per block: the smallest width of the three predictors (ties: zigzag, unsigned, Lorenzo)."""
+    lanes, present = _lanes(q)
+    widths = []
+    for predictor in (PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO):
+        chosen = torch.full((lanes.shape[0],), predictor, dtype=torch.int64, device=q.device)
+        widths.append(_bit_width(_predicted(lanes, present, chosen).amax(dim=1) if lanes.numel() else chosen))
+    w_zigzag, w_unsigned, w_lorenzo = widths
+    w_unsigned = torch.where((torch.where(present, lanes, 0) < 0).any(dim=1), 64, w_unsigned)
+    take_zigzag = (w_zigzag <= w_unsigned) & (w_zigzag <= w_lorenzo)
+    take_unsigned = ~take_zigzag & (w_unsigned <= w_lorenzo)
+    predictor = torch.where(take_zigzag, PRED_ZIGZAG, torch.where(take_unsigned, PRED_UNSIGNED, PRED_LORENZO))
+    width = torch.where(take_zigzag, w_zigzag, torch.where(take_unsigned, w_unsigned, w_lorenzo))
+    return (width | (predictor << 6)).to(torch.uint8)
+
+
+def sz_encode(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes, outlier flags and block headers of a flat float tensor."""
+    q, outlier = quantize(x, params)
+    return q, outlier, block_headers(q)
+
+
+def pack(q: torch.Tensor, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor) -> None:
+    """Write each block's bit-plane words (word j = bit j of the 32 lanes) into ``words`` (int32) at its offset."""
+    lanes_all, present_all = _lanes(q)
+    bit = torch.arange(32, device=q.device)
+    for start in range(0, lanes_all.shape[0], _CHUNK_BLOCKS):
+        chunk = slice(start, start + _CHUNK_BLOCKS)
+        header = headers[chunk].to(torch.int64)
+        u = _predicted(lanes_all[chunk], present_all[chunk], header >> 6)
+        planes = (((u.unsqueeze(2) >> bit) & 1) << bit.view(1, 32, 1)).sum(dim=1)  # (blocks, plane)
+        used = bit < (header & 63).unsqueeze(1)
+        position = offsets[chunk].unsqueeze(1) + bit
+        words[position[used]] = _wrap32(planes[used]).to(torch.int32)
+
+
+def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, numel: int) -> torch.Tensor:
+    """Codes (int32) of ``numel`` elements from validated block headers, offsets and words."""
+    bit = torch.arange(32, device=headers.device)
+    # one spare zero word, so that gathering unused planes never indexes an empty tensor
+    all_words = torch.cat([words.to(torch.int64) & 0xFFFFFFFF, torch.zeros(1, dtype=torch.int64, device=words.device)])
+    blocks = []
+    for start in range(0, headers.numel(), _CHUNK_BLOCKS):
+        chunk = slice(start, start + _CHUNK_BLOCKS)
+        header = headers[chunk].to(torch.int64)
+        used = bit < (header & 63).unsqueeze(1)
+        position = torch.where(used, offsets[chunk].unsqueeze(1) + bit, 0)
+        planes = torch.where(used, all_words[position], 0)  # (blocks, plane)
+        u = (((planes.unsqueeze(1) >> bit.view(1, 32, 1)) & 1) << bit).sum(dim=2)  # (blocks, lane)
+        predictor = (header >> 6).unsqueeze(1)
+        q = torch.where(predictor == PRED_UNSIGNED, u, _unzigzag(u))
+        q = torch.where(predictor == PRED_LORENZO, torch.cumsum(q, dim=1), q)
+        blocks.append(_wrap32(q).reshape(-1))
+    if not blocks:
+        return torch.empty(0, dtype=torch.int32, device=headers.device)
+    return torch.cat(blocks)[:numel].to(torch.int32)
+
+
+def sz_decode(headers, offsets, words, numel: int, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
+    """Decoded flat tensor of ``dtype`` (outliers still 0: the caller scatters them)."""
+    return value_of(unpack(headers, offsets, words, numel), dtype, params)
+
+
+def checksum(data: torch.Tensor) -> int:
+    """sum((2 i + 1) * w_i) mod 2^64 over the payload as little-endian u64 words (length a multiple of 8)."""
+    if data.numel() == 0:
+        return 0
+    w = data.view(torch.int64)
+    weights = 2 * torch.arange(w.numel(), dtype=torch.int64, device=w.device) + 1
+    return int((w * weights).sum()) & 0xFFFFFFFFFFFFFFFF

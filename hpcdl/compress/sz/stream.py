@@ -1,0 +1,139 @@
+"""The block stream shared by the ``sz`` and ``int`` codecs: layout, header, validation.
+
+A stream is a header (hpcdl.compress.header, with a CRC-32 over itself) and one
+uint8 payload tensor laid out as (docs/format.md)::
+
+    block headers   one byte per 32-element block: width (bits 0..5) | predictor (bits 6..7)
+    words           u32 bit-plane words of every block, at 8-byte-aligned offset
+    outlier index   sorted flat indices (int32, or int64 for tensors of 2^31 elements or more)
+    outlier values  the exact elements, in the tensor's dtype
+    (zero padding after each section to a multiple of 8 bytes)
+
+and a checksum over the payload, read as little-endian u64 words w_i:
+sum((2 i + 1) * w_i) mod 2^64, so that any changed word is detected.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from hpcdl.compress.errors import CodecError
+from hpcdl.compress.header import Header, read_header, write_header
+
+BLOCK = 32
+MAX_WIDTH = 32
+PREDICTORS = 3  # zigzag, unsigned, Lorenzo; the value 3 is invalid
+
+
+def block_count(numel: int) -> int:
+    return (numel + BLOCK - 1) // BLOCK
+
+
+def align8(nbytes: int) -> int:
+    return (nbytes + 7) // 8 * 8
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """Outlier indices are int32 when every index fits, int64 otherwise."""
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Byte offsets of the payload sections of a stream."""
+
+    numel: int
+    n_words: int
+    n_outliers: int
+    value_size: int
+
+    @property
+    def n_blocks(self) -> int:
+        return block_count(self.numel)
+
+    @property
+    def words_at(self) -> int:
+        return align8(self.n_blocks)
+
+    @property
+    def indices_at(self) -> int:
+        return align8(self.words_at + 4 * self.n_words)
+
+    @property
+    def values_at(self) -> int:
+        return align8(self.indices_at + self.n_outliers * index_dtype(self.numel).itemsize)
+
+    @property
+    def total(self) -> int:
+        return align8(self.values_at + self.n_outliers * self.value_size)
+
+    def headers(self, data: torch.Tensor) -> torch.Tensor:
+        return data[: self.n_blocks]
+
+    def words(self, data: torch.Tensor) -> torch.Tensor:
+        return data[self.words_at : self.words_at + 4 * self.n_words].view(torch.int32)
+
+    def indices(self, data: torch.Tensor) -> torch.Tensor:
+        dtype = index_dtype(self.numel)
+        return data[self.indices_at : self.indices_at + self.n_outliers * dtype.itemsize].view(dtype)
+
+    def values(self, data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return data[self.values_at : self.values_at + self.n_outliers * self.value_size].view(dtype)
+
+
+def raw_payload_size(numel: int, dtype: torch.dtype) -> int:
+    """Payload bytes of the raw fallback: the tensor's bytes, padded to 8."""
+    return align8(numel * dtype.itemsize)
+
+
+def write_stream_header(codec_id: str, dtype: torch.dtype, shape, fields_format: str, *fields) -> bytes:
+    """A header whose last field is a CRC-32 of the header with that field zeroed."""
+    blob = write_header(codec_id, dtype, shape, fields_format + "I", *fields, 0)
+    return blob[:-4] + zlib.crc32(blob).to_bytes(4, "little")
+
+
+def read_stream_header(blob: bytes, codec_id: str, fields_format: str) -> Header:
+    """Parse a header of :func:`write_stream_header` and check its CRC; the CRC is dropped from ``fields``."""
+    header = read_header(blob, codec_id, fields_format + "I")
+    if zlib.crc32(blob[:-4] + bytes(4)) != header.fields[-1]:
+        raise CodecError(f"{codec_id} packed header fails its CRC-32 check: the header is corrupted")
+    return Header(header.codec_id, header.dtype, header.shape, header.fields[:-1])
+
+
+def word_offsets(headers: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Exclusive prefix sum of the blocks' widths (int64, on the headers' device) and the total word count."""
+    widths = (headers & 63).to(torch.int64)
+    ends = torch.cumsum(widths, 0)
+    total = int(ends[-1]) if ends.numel() else 0
+    return ends - widths, total
+
+
+def validate_block_headers(headers: torch.Tensor, n_words: int, codec_id: str) -> None:
+    """Every width <= 32, every predictor known, and the widths add up to the stream's word count."""
+    if headers.numel() == 0:
+        bad = False
+    else:
+        bad = bool(((headers & 63) > MAX_WIDTH).any() or ((headers >> 6) >= PREDICTORS).any())
+    if bad:
+        raise CodecError(f"{codec_id} stream has a block header with width > 32 or an unknown predictor: corrupted")
+    total = int((headers & 63).to(torch.int64).sum()) if headers.numel() else 0
+    if total != n_words:
+        raise CodecError(f"{codec_id} block headers add up to {total} words, the header says {n_words}: corrupted")
+
+
+def validate_outlier_indices(indices: torch.Tensor, numel: int, codec_id: str) -> None:
+    """Outlier indices must be strictly increasing and inside the tensor."""
+    if indices.numel() == 0:
+        return
+    inside = bool(indices[0] >= 0) and bool(indices[-1] < numel)
+    increasing = indices.numel() == 1 or bool((indices[1:] > indices[:-1]).all())
+    if not (inside and increasing):
+        raise CodecError(f"{codec_id} outlier indices are out of range or not strictly increasing: corrupted")
+
+
+def check_payload_length(data: torch.Tensor, expected: int, codec_id: str) -> None:
+    if data.numel() != expected:
+        raise CodecError(f"{codec_id} payload has {data.numel()} bytes, the header implies {expected}: truncated or corrupted")
