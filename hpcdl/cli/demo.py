@@ -1,0 +1,31 @@
+"""``hpcdl demo``: the first thing a new user runs (see hpcdl/demo.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    demo = subparsers.add_parser(
+        "demo", help="train the climate and HEP models, baseline vs compressed activations, and compare",
+        description="Train the climate (DeepLabv3+) and HEP (jet-image CNN) models on the committed samples, "
+                    "without and with sz-compressed activations (rel 1e-2), then measure the largest batch that "
+                    "fits a small memory budget. Takes about a minute or two on 2 CPU cores.")
+    demo.add_argument("--out", default="runs/demo", help="where the run directories go (default: runs/demo)")
+    demo.add_argument("--epochs", type=int, default=2, help="epochs per run (default: 2)")
+    demo.add_argument("--steps-per-epoch", type=int, default=None, help="cap on steps per epoch")
+    demo.add_argument("--budget", default=None,
+                      help="memory budget for the batch search, e.g. 256MiB (default: each config's "
+                           "train.memory_budget)")
+    demo.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    demo.set_defaults(handler=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from hpcdl.demo import format_table, run_demo
+
+    if args.epochs < 1:
+        raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
+    rows = run_demo(args.out, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, budget=args.budget)
+    print(format_table(rows))
+    return 0

@@ -1,0 +1,450 @@
+"""The training loop: ``run_training(config) -> RunResult``.
+
+One process per rank. The global batch ``train.batch`` is split evenly over
+the ranks, each rank reads its strided share of one global, seeded sample
+order, and the backend averages gradients, so a run on N ranks takes the same
+optimizer steps as one rank on the same global batch. Per step, the forward
+runs under the configured activation method:
+
+- ``none``: plain autograd (the baseline);
+- ``codec``: inside ``hpcdl.compressed(model, policy)``, which compresses what
+  autograd saves with the configured codec;
+- ``checkpoint``: each of the model's blocks (``ModelSpec.blocks``) recomputed
+  in backward (``torch.utils.checkpoint``, non-reentrant);
+- ``offload``: saved tensors moved to pinned host memory
+  (``torch.autograd.graph.save_on_cpu``), CUDA only.
+
+Every step is seeded from (seed, step, rank), so a run resumed from a
+checkpoint replays exactly the random numbers (dropout masks) the
+uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.utils.checkpoint
+from torch.utils.data import DataLoader, Subset
+
+from hpcdl.train import checkpoint as ckpt
+from hpcdl.train.config import codec_config, load_config
+from hpcdl.train.evaluate import ValidationSums
+from hpcdl.train.optim import build_optimizer, build_scheduler, effective_lr
+from hpcdl.train.peak import PeakMemory
+from hpcdl.train.runlog import RunLog, latest_run_dir, run_dir_name
+
+
+@dataclass
+class RunResult:
+    """What one training run measured; also written to ``summary.json``."""
+
+    run_dir: str
+    epochs: list[dict]  # per epoch: {epoch, step, train_loss, val_loss, val_metric, val_<metric name>}
+    metric_name: str  # "auc", "accuracy" or "miou"
+    median_step_time_s: float
+    samples_per_s: float  # global batch / median step time
+    activation_original_bytes: int  # summed over all steps of this process
+    activation_packed_bytes: int
+    activation_ratio: float
+    per_module: dict[str, dict]  # {module: {"original": int, "packed": int, "ratio": float}}
+    peak_memory_bytes: int  # see hpcdl.train.peak for what is measured
+    peak_memory_kind: str  # "cuda_max_allocated" or "cpu_peak_rss_delta"
+    wall_time_s: float
+    batch_size: int  # global batch
+    per_device_batch: int
+    world_size: int
+    rank: int  # of the process that returned this result; rank 0 wrote the run directory
+    steps: int
+    method: str  # "none", "codec:<spec>", "checkpoint" or "offload"
+    resumed_from_step: int | None = None
+    config: dict = field(default_factory=dict)
+    model_options: dict = field(default_factory=dict)  # constructor arguments the model was built with
+
+    @property
+    def final_val_metric(self) -> float:
+        return self.epochs[-1]["val_metric"] if self.epochs else float("nan")
+
+
+def _seed_step(seed: int, step: int, rank: int) -> None:
+    torch.manual_seed((seed * 1_000_003 + step) * 1_009 + rank)
+
+
+def _method_name(compression: dict) -> str:
+    if compression["method"] != "codec":
+        return compression["method"]
+    from hpcdl.runtime.policy import spec_from_config
+
+    return f"codec:{spec_from_config(codec_config(compression))}"
+
+
+def compression_policy(compression: dict):
+    """The runtime Policy that ``compression.method: codec`` names (per-module globs over a default); else None."""
+    if compression["method"] != "codec":
+        return None
+    from hpcdl.runtime.policy import Policy
+
+    default = codec_config(compression)
+    if compression["per_module"]:
+        return Policy.per_module(compression["per_module"], default=default)
+    return Policy.static(default)
+
+
+def _session_kwargs(compression: dict) -> dict:
+    return {} if compression["min_bytes"] is None else {"threshold": compression["min_bytes"]}
+
+
+def _wrap_blocks_in_checkpoint(blocks: list[torch.nn.Module]) -> None:
+    """Make each block recompute its forward in backward instead of saving its activations."""
+    for block in blocks:
+        forward = block.forward
+
+        def recomputed(*args, _forward=forward, **kwargs):
+            return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+        block.forward = recomputed
+
+
+def _datasets(config: dict, spec):
+    """(train, val) datasets: a named/path dataset, or synthetic batches of the model's input shape."""
+    data = config["data"]
+    name = data["dataset"] or spec.default_dataset
+    if name is None:
+        raise ValueError(f"model {spec.name!r} has no default dataset; set data.dataset to a dataset name or path, "
+                         "or to 'synthetic' for random batches (memory and speed only)")
+    if name == "synthetic":
+        from hpcdl.train.synthetic import SyntheticDataset
+
+        scale, size, seed = config["model"]["scale"], data["synthetic_samples"], config["train"]["seed"]
+        val_size = max(1, int(size * data["val_fraction"]))
+        return (SyntheticDataset(spec, scale, size, seed), SyntheticDataset(spec, scale, val_size, seed + 1))
+    from hpcdl.data import load_dataset
+
+    options = {"val_fraction": data["val_fraction"]}
+    if data["features"] is not None:
+        options["features"] = data["features"]
+    return (load_dataset(name, split="train", **options), load_dataset(name, split="val", **options))
+
+
+def _model_options(config: dict, spec, train_set) -> dict:
+    """Constructor overrides: the configured ones, plus the data's channel count for the climate model."""
+    options = dict(config["model"]["options"])
+    info = getattr(train_set, "info", None) or {}
+    shape = info.get("input_shape")
+    if shape and spec.task == "segmentation" and "in_channels" not in options:
+        options["in_channels"] = int(shape[0])
+    return options
+
+
+def measured_batch_search(config: dict, model_options: dict, budget_bytes: int, device: str = "cpu"):
+    """The largest per-device batch of this config's model and compression whose measured step peak fits.
+
+    Returns :class:`hpcdl.memory.BatchSearch` (batch size, its peak, every probe).
+    """
+    from hpcdl import memory
+
+    compression = config["compression"]
+    if compression["method"] not in ("none", "codec"):
+        raise ValueError(f"the batch search measures the baseline and codec compression; for "
+                         f"compression.method {compression['method']!r} give train.batch as a number")
+    workload = (config["model"]["name"], config["model"]["scale"], model_options)
+    return memory.search_batch(workload, compression_policy(compression), budget_bytes, device=device,
+                               seed=config["train"]["seed"], **_session_kwargs(compression))
+
+
+def _auto_batch(config: dict, model_options: dict, backend) -> int:
+    """``train.batch: auto``: the measured per-device batch under the budget, times the number of ranks."""
+    budget = config["train"]["memory_budget"]
+    if budget is None:
+        if backend.device.type != "cuda":
+            raise ValueError("train.batch: auto needs train.memory_budget (e.g. 2GiB) on a CPU; on a GPU it "
+                             "defaults to the device's memory")
+        budget = torch.cuda.get_device_properties(backend.device).total_memory
+    return measured_batch_search(config, model_options, budget, str(backend.device)).batch_size * backend.size
+
+
+def _resume_source(resume, config: dict) -> tuple[Path, Path]:
+    """(run directory, checkpoint file) to resume from: a checkpoint file, a run directory, or the newest run."""
+    if resume is True:
+        run_dir = latest_run_dir(config["logging"]["out_dir"], config["name"])
+    else:
+        run_dir = Path(resume)
+    if run_dir.is_file():
+        return run_dir.parent.parent, run_dir
+    latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+    if latest is None:
+        raise FileNotFoundError(f"no checkpoint in {str(run_dir / 'checkpoints')!r} to resume from")
+    return run_dir, latest
+
+
+def _identity(config: dict, global_batch: int) -> dict:
+    """What a checkpoint must share with the run that resumes it."""
+    return {
+        "model": config["model"], "dataset": config["data"]["dataset"], "features": config["data"]["features"],
+        "val_fraction": config["data"]["val_fraction"], "global_batch": global_batch, "seed": config["train"]["seed"],
+        "optimizer": config["optimizer"]["name"], "compression": config["compression"]["method"],
+    }
+
+
+class _Run:
+    """The state of one training run on one rank; :func:`run_training` drives it."""
+
+    def __init__(self, config: dict, run_dir, progress: bool, resume):
+        from hpcdl import models
+        from hpcdl.data import ShardedLoader
+        from hpcdl.train.distributed import init_backend
+
+        self.config, self.progress = config, progress
+        self.start = time.perf_counter()
+        self.backend = init_backend(config["distributed"]["backend"])
+        rank, size = self.backend.rank, self.backend.size
+        self.spec = models.spec(config["model"]["name"])
+        scale = config["model"]["scale"]
+        self.spec.scale(scale)  # unknown scale: the registry's error, before any data is read
+        self.train_set, self.val_set = _datasets(config, self.spec)
+        self.model_options = options = _model_options(config, self.spec, self.train_set)
+
+        batch = config["train"]["batch"]
+        self.global_batch = _auto_batch(config, options, self.backend) if batch == "auto" else batch
+        if self.global_batch % size:
+            raise ValueError(f"train.batch {self.global_batch} (the global batch) must divide evenly over {size} ranks")
+        self.per_device = self.global_batch // size
+
+        torch.manual_seed(config["train"]["seed"])  # same initial weights on every rank and for every method
+        self.model = self.spec.build(scale, **options).to(self.backend.device)
+        compression = config["compression"]
+        self.method = _method_name(compression)
+        if compression["method"] == "checkpoint":
+            _wrap_blocks_in_checkpoint(self.spec.blocks(self.model))
+        if compression["method"] == "offload" and self.backend.device.type != "cuda":
+            raise ValueError("compression.method: offload moves saved activations from GPU to pinned host memory "
+                             "and needs CUDA; on a CPU use none, codec or checkpoint")
+        self.policy = compression_policy(compression)
+
+        self.loader = ShardedLoader(self.train_set, self.per_device, rank=rank, world_size=size,
+                                    seed=config["train"]["seed"], shuffle=True, drop_last=True)
+        if len(self.loader) == 0:
+            raise ValueError(f"the training set ({len(self.train_set)} samples) is smaller than one global batch "
+                             f"({self.global_batch}); lower train.batch")
+        cap = config["train"]["steps_per_epoch"]
+        self.steps_per_epoch = min(len(self.loader), cap) if cap else len(self.loader)
+        self.total_steps = self.steps_per_epoch * config["train"]["epochs"]
+
+        self.ddp_model = self.backend.wrap_model(self.model)
+        optimizer = build_optimizer(self.model.parameters(), config["optimizer"], self.global_batch)
+        self.optimizer = self.backend.wrap_optimizer(optimizer, self.model)
+        self.scheduler = build_scheduler(self.optimizer, config["optimizer"], self.total_steps)
+        self.step, self.resumed_from = 0, None
+        self.epochs: list[dict] = []
+        self.epoch_losses: list[float] = []  # this rank's step losses in the current epoch
+
+        if resume:
+            self.run_dir, checkpoint_path = _resume_source(resume, config)
+            self._restore(checkpoint_path)
+        else:
+            self.run_dir = Path(run_dir) if run_dir else self._new_run_dir()
+            self.backend.broadcast_state(self.model, self.optimizer)
+        self.log = RunLog(self.run_dir, writes=self.backend.is_root, tensorboard=config["logging"]["tensorboard"])
+
+    def _new_run_dir(self) -> Path:
+        # Rank 0's clock names the directory; the mean of (t, 0, 0, ...) times size carries it to every rank.
+        now = time.time() if self.backend.is_root else 0.0
+        stamp = round(self.backend.allreduce_mean({"t": now})["t"] * self.backend.size)
+        return Path(self.config["logging"]["out_dir"]) / run_dir_name(self.config["name"], stamp)
+
+    def _state(self) -> dict:
+        policy_state = {}
+        if self.policy is not None:
+            policy_state = {"step": self.policy.step,
+                            "grad_stats": {k: asdict(v) for k, v in self.policy.grad_stats.items()}}
+        return {
+            "identity": _identity(self.config, self.global_batch),
+            "epoch_records": self.epochs,
+            "epoch_losses": self.epoch_losses,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "loader": self.loader.state_dict(),
+            "rng": ckpt.rng_state(),
+            "compression": policy_state,
+        }
+
+    def _restore(self, path: Path) -> None:
+        from hpcdl.runtime.policy import GradStat
+
+        state = ckpt.load_checkpoint(path)
+        ckpt.check_compatible(state, _identity(self.config, self.global_batch), path)
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise ckpt.CheckpointError(f"checkpoint {path} does not fit this model/optimizer: {err}") from None
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.loader.load_state_dict(state["loader"])
+        ckpt.set_rng_state(state["rng"])
+        if self.policy is not None and state["compression"]:
+            self.policy.step = state["compression"]["step"]
+            self.policy.grad_stats = {k: GradStat(**v) for k, v in state["compression"]["grad_stats"].items()}
+        self.step = self.resumed_from = state["step"]
+        self.epochs = list(state["epoch_records"])
+        self.epoch_losses = list(state["epoch_losses"])
+
+    def _save(self) -> None:
+        if self.backend.is_root:
+            ckpt.save_checkpoint(self.run_dir / "checkpoints", self.step, self._state(),
+                                 keep=self.config["checkpoint"]["keep"])
+
+    def _forward_loss(self, x, y, stats):
+        method = self.config["compression"]["method"]
+        if method == "codec":
+            from hpcdl.runtime.session import compressed
+
+            with compressed(self.model, self.policy, **_session_kwargs(self.config["compression"])) as session:
+                loss = self.spec.loss(self.ddp_model(x), y)
+            for key, row in session.stats.rows.items():
+                stats.rows[key].add(row)
+            return loss
+        context = torch.autograd.graph.save_on_cpu(pin_memory=True) if method == "offload" \
+            else contextlib.nullcontext()
+        with context:
+            return self.spec.loss(self.ddp_model(x), y)
+
+    def _train_step(self, x, y, stats) -> float:
+        device = self.backend.device
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        _seed_step(self.config["train"]["seed"], self.step, self.backend.rank)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self._forward_loss(x, y, stats)
+        loss.backward()
+        if self.policy is not None:
+            self.policy.record_gradients(self.model)
+        self.optimizer.step()
+        self.scheduler.step()
+        value = loss.item()
+        if not math.isfinite(value):
+            raise FloatingPointError(f"training loss became {value} at step {self.step}; lower optimizer.lr or "
+                                     "check the data")
+        return value
+
+    @torch.no_grad()
+    def _validate(self) -> dict:
+        self.model.eval()
+        rank, size = self.backend.rank, self.backend.size
+        indices = list(range(rank, len(self.val_set), size))
+        batches = DataLoader(Subset(self.val_set, indices), batch_size=self.per_device)
+        sums = ValidationSums(self.spec.task, self.spec.num_classes)
+        cap = self.config["train"]["val_steps"]
+        for index, (x, y) in enumerate(batches):
+            if cap is not None and index >= cap:
+                break
+            x, y = x.to(self.backend.device), y.to(self.backend.device)
+            logits = self.model(x)
+            sums.update(logits, y, float(self.spec.loss(logits, y)))
+        self.model.train()
+        totals = {k: v * size for k, v in self.backend.allreduce_mean(sums.sums).items()}
+        return sums.metrics(totals)
+
+    def run(self) -> RunResult:
+        from hpcdl.runtime.stats import Stats
+
+        config = self.config
+        self.log.write_config(config)
+        self.log.open_metrics(keep_through_step=self.resumed_from)
+        every_ckpt, every_log = config["checkpoint"]["every_steps"], config["logging"]["every_steps"]
+        stats, step_times = Stats(), []
+        peak = PeakMemory(self.backend.device)
+        bar = self._progress_bar()
+        peak.start()
+        first_epoch = len(self.epochs)  # epochs finished and validated; a resumed one may be part-trained
+        for epoch in range(first_epoch, config["train"]["epochs"]):
+            if not (self.resumed_from is not None and epoch == first_epoch):
+                self.loader.set_epoch(epoch)  # a resumed epoch continues from the restored loader position
+                self.epoch_losses = []
+            for x, y in self.loader:
+                if self.step >= (epoch + 1) * self.steps_per_epoch:
+                    break
+                began = time.perf_counter()
+                loss = self._train_step(x, y, stats)
+                step_times.append(time.perf_counter() - began)
+                self.step += 1
+                self.epoch_losses.append(loss)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}", epoch=epoch)
+                if self.step % every_log == 0:
+                    self._log_step(epoch, loss, step_times[-1], stats, peak)
+                if every_ckpt and self.step % every_ckpt == 0 and self.step < self.total_steps:
+                    self._save()
+            mean_loss = self.backend.allreduce_mean(
+                {"loss": sum(self.epoch_losses) / max(len(self.epoch_losses), 1)})["loss"]
+            record = {"epoch": epoch, "step": self.step, "train_loss": mean_loss, **self._validate()}
+            self.epochs.append(record)
+            self.log.log({"kind": "val", **record})
+        if bar is not None:
+            bar.close()
+        self._save()
+        result = self._result(stats, step_times, peak)
+        self.log.write_summary(asdict(result))
+        self.log.close()
+        return result
+
+    def _progress_bar(self):
+        if not (self.progress and self.config["logging"]["progress"] and self.backend.is_root):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.total_steps, initial=self.step, desc=self.config["name"], unit="step",
+                    file=sys.stderr, dynamic_ncols=True)
+
+    def _log_step(self, epoch: int, loss: float, step_time: float, stats, peak: PeakMemory) -> None:
+        self.log.log({
+            "kind": "train", "step": self.step, "epoch": epoch, "loss": loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "samples_per_s": self.global_batch / step_time, "step_time_s": step_time,
+            "activation_ratio": stats.ratio if self.policy is not None else None,
+            "peak_memory_bytes": peak.bytes(),
+        })
+
+    def _result(self, stats, step_times: list[float], peak: PeakMemory) -> RunResult:
+        median = statistics.median(step_times) if step_times else float("nan")
+        per_module = {name: {"original": row["original"], "packed": row["packed"], "ratio": row["ratio"]}
+                      for name, row in stats.per_module().items()}
+        return RunResult(
+            run_dir=str(self.run_dir), epochs=self.epochs,
+            metric_name=ValidationSums(self.spec.task, self.spec.num_classes).name,
+            median_step_time_s=median, samples_per_s=self.global_batch / median if step_times else float("nan"),
+            activation_original_bytes=stats.original_bytes, activation_packed_bytes=stats.packed_bytes,
+            activation_ratio=stats.ratio, per_module=per_module,
+            peak_memory_bytes=peak.bytes(),
+            peak_memory_kind="cuda_max_allocated" if self.backend.device.type == "cuda" else "cpu_peak_rss_delta",
+            wall_time_s=time.perf_counter() - self.start, batch_size=self.global_batch,
+            per_device_batch=self.per_device, world_size=self.backend.size, rank=self.backend.rank, steps=self.step, method=self.method,
+            resumed_from_step=self.resumed_from, config=self.config,
+            model_options=self.model_options,
+        )
+
+
+def run_training(config: dict | str, run_dir: str | Path | None = None, progress: bool = True,
+                 resume: bool | str | Path = False, overrides: list[str] | tuple[str, ...] = ()) -> RunResult:
+    """Train as ``config`` says (a resolved config from :func:`load_config`, or a name/path) and return what it measured.
+
+    ``run_dir``: where to write (default ``logging.out_dir/<name>-<timestamp>``).
+    ``resume``: True (the newest run of this config under ``logging.out_dir``), a
+    run directory, or a checkpoint file; training continues from its latest
+    checkpoint to the same result the uninterrupted run would have reached.
+    """
+    if not isinstance(config, dict) or "train" not in config:
+        config = load_config(config, overrides)
+    run = _Run(config, run_dir, progress, resume)
+    try:
+        return run.run()
+    finally:
+        run.log.close()
+        run.backend.barrier()
+        run.backend.shutdown()
