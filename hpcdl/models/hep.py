@@ -94,7 +94,7 @@ class ParticleTransformer(nn.Module):
         self.embed = nn.Sequential(nn.Linear(num_features, dim), nn.GELU(), nn.Linear(dim, dim))
         self.blocks = nn.ModuleList(TransformerBlock(dim, heads, mlp_ratio) for _ in range(depth))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        nn.init.normal_(self.cls_token, std=0.02)
         self.class_blocks = nn.ModuleList(ClassAttentionBlock(dim, heads, mlp_ratio) for _ in range(class_depth))
         self.head = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, num_classes))
 

@@ -124,7 +124,7 @@ class VisionTransformer(nn.Module):
         self.patch_embed = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + (image_size // patch_size) ** 2, dim))
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.pos_embed, std=0.02)
         self.blocks = nn.ModuleList(TransformerBlock(dim, heads, mlp_ratio, eps=1e-6) for _ in range(depth))
         self.head = nn.Sequential(nn.LayerNorm(dim, eps=1e-6), nn.Linear(dim, num_classes))
 
