@@ -6,18 +6,22 @@ per-class score histograms). Sums add across ranks, so the backend's
 ``allreduce_mean`` times the number of ranks gives the same totals, and the
 same metric, on 1 or N ranks. The metric by task:
 
-- binary classification (the HEP jet taggers): ROC AUC, from 4096-bin
+- binary classification (the HEP jet taggers): ROC AUC (as
+  :func:`hpcdl.metrics.roc_auc`, which needs every score in one place) from 4096-bin
   histograms of the signal-class probability per true class (ties within a bin
   count one half, so the error is below one bin's mass);
 - other classification: accuracy;
 - segmentation (climate): mean intersection-over-union over classes present
-  in the prediction or the target;
+  in the prediction or the target (as :func:`hpcdl.metrics.mean_iou`, but
+  from intersections and unions summed over ranks);
 - language: next-token accuracy.
 """
 
 from __future__ import annotations
 
 import torch
+
+from hpcdl.metrics import confusion_matrix
 
 AUC_BINS = 4096
 
@@ -56,10 +60,12 @@ class ValidationSums:
         self.sums["count"] += items
         self.sums["correct"] += float((predicted == target).sum())
         if self.name == "miou":
+            matrix = confusion_matrix(predicted, target, self.num_classes)
+            intersection = matrix.diagonal()
+            union = matrix.sum(0) + matrix.sum(1) - intersection
             for c in range(self.num_classes):
-                pred_c, true_c = predicted == c, target == c
-                self.sums[f"intersection_{c}"] += float((pred_c & true_c).sum())
-                self.sums[f"union_{c}"] += float((pred_c | true_c).sum())
+                self.sums[f"intersection_{c}"] += float(intersection[c])
+                self.sums[f"union_{c}"] += float(union[c])
         if self.name == "auc":
             score = torch.softmax(logits.float(), dim=1)[:, 1]
             bins = (score * AUC_BINS).long().clamp_(0, AUC_BINS - 1)
@@ -73,7 +79,7 @@ class ValidationSums:
         sums = totals if totals is not None else self.sums
         count = sums["count"]
         if count == 0:
-            raise ValueError("the validation set is empty; lower data.val_fraction's precision or give more samples")
+            raise ValueError("the validation set is empty; raise data.val_fraction or use a larger data set")
         if self.name == "miou":
             ious = [sums[f"intersection_{c}"] / sums[f"union_{c}"]
                     for c in range(self.num_classes) if sums[f"union_{c}"] > 0]
