@@ -110,7 +110,7 @@ def test_a_truncated_last_line_is_reported_and_the_next_record_starts_fresh(tmp_
         handle.write('{"kind": "run", "key": "b", "sta')  # a writer killed mid-line
     parsed = read_results(tmp_path)
     assert [r["key"] for r in parsed.records] == ["a"]
-    assert parsed.truncated.startswith('{"kind": "run", "key": "b"')
+    assert list(parsed.truncated.values())[0].startswith('{"kind": "run", "key": "b"')
     append_record(tmp_path, {"kind": "run", "key": "c", "status": "ok"})
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["key"] == "a" and json.loads(lines[2])["key"] == "c"
@@ -159,3 +159,13 @@ def test_summary_pairs_methods_with_the_baseline_of_the_same_seed():
     assert by_name["quant"].hurts and math.isclose(by_name["quant"].metric_change.mean, -0.205)
     assert by_name["offload"].skipped == ["no GPU"] and by_name["offload"].seeds == []
     assert summary.same_start == {0: True, 1: False}
+
+
+def test_shards_write_their_own_files_and_are_read_together(tmp_path):
+    append_record(tmp_path, {"kind": "run", "key": "a", "status": "ok"}, shard=(0, 2))
+    append_record(tmp_path, {"kind": "run", "key": "b", "status": "ok"}, shard=(1, 2))
+    append_record(tmp_path, {"kind": "run", "key": "c", "status": "ok"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results-shard0of2.jsonl", "results-shard1of2.jsonl",
+                                                           "results.jsonl"]
+    parsed = read_results(tmp_path)
+    assert [r["key"] for r in parsed.records] == ["c", "a", "b"] and parsed.finished_keys() == {"a", "b", "c"}

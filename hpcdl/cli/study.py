@@ -37,6 +37,8 @@ def register(subparsers) -> None:
 
     run = commands.add_parser(
         "run", help="run (or resume) a sweep, appending one JSON line per run to OUT/results.jsonl",
+        epilog="With --shard i/n (n > 1) the shard appends to OUT/results-shard<i>of<n>.jsonl, so array tasks "
+               "never share a file; `hpcdl study report` reads them all.",
         description="Runs every (model, seed, method) not yet finished in OUT/results.jsonl through the trainer. "
                     "Methods: baseline, checkpoint, offload (GPU only; recorded as skipped elsewhere), or a codec "
                     "spec such as sz:rel=1e-2, sz:abs=1e-3, quant:bits=2, cast:bf16.")
@@ -68,6 +70,7 @@ def register(subparsers) -> None:
 
 
 def _run(args) -> int:
+    from hpcdl.study.results import results_path
     from hpcdl.study.sweep import parse_shard, plan_sweep, run_sweep, shard
 
     if args.epochs < 1:
@@ -78,13 +81,14 @@ def _run(args) -> int:
     runs = plan_sweep(args.models, args.methods, args.seeds, args.epochs, batch=args.batch, scale=args.scale,
                       steps_per_epoch=args.steps_per_epoch, base_config=args.config, extra=args.overrides)
     mine = shard(runs, index, count)
-    summary = run_sweep(mine, args.out, progress=args.progress, retry_failed=args.retry_failed)
+    summary = run_sweep(mine, args.out, progress=args.progress, retry_failed=args.retry_failed,
+                        shard=(index, count))
     print(f"study shard {index}/{count}: {len(mine)} of {len(runs)} runs; ran {len(summary.ran)}, "
           f"skipped {len(summary.skipped)}, failed {len(summary.failed)}, already done {len(summary.already_done)}; "
-          f"results in {args.out}/results.jsonl")
-    if summary.truncated_line is not None:
-        print("note: results.jsonl ended in an unfinished line (a run killed while writing); it was left as is "
-              "and the runs after it start on a fresh line")
+          f"results in {results_path(args.out, (index, count))}")
+    for path in summary.truncated:
+        print(f"note: {path} ended in an unfinished line (a run killed while writing); it was left as is and "
+              "the records after it start on a fresh line")
     return 1 if summary.failed else 0
 
 

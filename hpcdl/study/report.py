@@ -1,4 +1,4 @@
-"""``hpcdl study report DIR``: DIR/report.md with PNG plots beside it, from DIR/results.jsonl.
+"""``hpcdl study report DIR``: DIR/report.md with PNG plots beside it, from DIR's results files.
 
 Per model: the setup, a table (method, activation ratio, peak-memory reduction, final validation
 metric with its spread across seeds, its change vs the baseline of the same seed, step-time
@@ -86,7 +86,7 @@ def write_report(out: str | os.PathLike) -> Path:
     results = read_results(out)
     runs = results.runs()
     if not runs:
-        raise ValueError(f"{results.path} holds no run records yet; run `hpcdl study run --out {out}` first")
+        raise ValueError(f"the results in {out} hold no run records yet; run `hpcdl study run --out {out}` first")
     activation_stats = results.activation_stats()
     statuses = [run["status"] for run in runs]
     env = next((run for run in runs if run["status"] == "ok"), runs[0])
@@ -94,7 +94,7 @@ def write_report(out: str | os.PathLike) -> Path:
     lines = [
         "# hpcdl impact study",
         "",
-        f"Written by `hpcdl study report` from `{results.path.name}`: {len(runs)} runs "
+        f"Written by `hpcdl study report` from {', '.join(f'`{p.name}`' for p in results.paths)}: {len(runs)} runs "
         f"({statuses.count('ok')} ok, {statuses.count('skipped')} skipped, {statuses.count('failed')} failed); "
         f"torch {env['torch']}, hpcdl {env['hpcdl']}, on {device['type']} "
         f"({device.get('name') or device.get('cpu')}, {device['threads']} threads).",
@@ -106,9 +106,9 @@ def write_report(out: str | os.PathLike) -> Path:
         "(higher is slower). Values are mean ± std [min, max] over seeds. A method **hurts** when its metric fell "
         "for every seed and by more on average than the baseline's own spread across seeds.",
     ]
-    if results.truncated:
-        lines += ["", f"Note: the results file ends in an unfinished line (a run killed while writing); "
-                      f"it is ignored: `{results.truncated[:80]}`"]
+    for path, text in results.truncated.items():
+        lines += ["", f"Note: `{Path(path).name}` ends in an unfinished line (a run killed while writing); "
+                      f"it is ignored: `{text[:80]}`"]
     for (model, scale), model_runs in group_runs(runs).items():
         summary = summarise_model(model_runs)
         stem = f"{model}-{scale}"

@@ -2,7 +2,7 @@
 
 Each line is written with a single ``os.write`` on an ``O_APPEND`` descriptor and fsync'd before the
 next run starts, so a crash loses at most the run in progress. A process killed in the middle of a
-write can leave one truncated last line; :func:`read_results` reports it (``ResultsFile.truncated``)
+write can leave one truncated last line; :func:`read_results` reports it (``Results.truncated``)
 and :func:`append_record` starts the next record on a fresh line, so the finished lines stay intact.
 """
 
@@ -19,12 +19,12 @@ FINISHED_STATUSES = ("ok", "skipped")
 
 
 @dataclass
-class ResultsFile:
-    """The parsed records of a results file, in file order, and the text of a truncated last line if any."""
+class Results:
+    """The parsed records of a study's results files, in file order, and any truncated last lines by file."""
 
-    path: Path
+    paths: list[Path]
     records: list[dict] = field(default_factory=list)
-    truncated: str | None = None
+    truncated: dict[str, str] = field(default_factory=dict)
 
     def runs(self) -> list[dict]:
         """Run records (``kind == "run"``), the last one per key (a retried failure replaces the failure)."""
@@ -48,33 +48,50 @@ class ResultsFile:
         }
 
 
-def results_path(out: str | os.PathLike) -> Path:
-    """The results file of a study directory (or the file itself when given one)."""
+def results_path(out: str | os.PathLike, shard: tuple[int, int] = (0, 1)) -> Path:
+    """The file a sweep (or shard ``(i, n)`` of one) appends to: ``results.jsonl``, or one file per shard.
+
+    Shards write separate files so that array tasks on a parallel file system (Lustre, GPFS), where
+    concurrent appends to one file may interleave, never share a file. A path ending in .jsonl is
+    used as it is.
+    """
     out = Path(out)
-    return out if out.suffix == ".jsonl" else out / RESULTS_NAME
+    if out.suffix == ".jsonl":
+        return out
+    index, count = shard
+    return out / (RESULTS_NAME if count == 1 else f"results-shard{index}of{count}.jsonl")
 
 
-def read_results(out: str | os.PathLike) -> ResultsFile:
-    """Parse a results file. A malformed line other than an unterminated last one is an error naming it."""
-    path = results_path(out)
-    if not path.exists():
-        raise FileNotFoundError(f"no results file at {path}; run `hpcdl study run --out {path.parent}` first")
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    parsed = ResultsFile(path=path)
-    # A file ending in "\n" splits into [..., ""]; anything else in the last slot is an unterminated line.
-    for number, line in enumerate(lines[:-1], start=1):
-        if not line.strip():
-            continue
-        try:
-            parsed.records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: line {number} is not valid JSON ({err}); the file was edited or corrupted") from err
-    if lines[-1].strip():
-        try:
-            parsed.records.append(json.loads(lines[-1]))
-        except json.JSONDecodeError:
-            parsed.truncated = lines[-1]
+def result_files(out: str | os.PathLike) -> list[Path]:
+    """Every results file of a study directory (``results.jsonl`` and shard files), or the one file given."""
+    out = Path(out)
+    if out.suffix == ".jsonl":
+        return [out] if out.exists() else []
+    return sorted(out.glob("results*.jsonl"), key=lambda path: (path.name != RESULTS_NAME, path.name))
+
+
+def read_results(out: str | os.PathLike) -> Results:
+    """Parse a study's results files. A malformed line other than an unterminated last one is an error naming it."""
+    paths = result_files(out)
+    if not paths:
+        raise FileNotFoundError(f"no results file in {out}; run `hpcdl study run --out {out}` first")
+    parsed = Results(paths=paths)
+    for path in paths:
+        lines = path.read_text(encoding="utf-8").split("\n")
+        # A file ending in "\n" splits into [..., ""]; anything else in the last slot is an unterminated line.
+        for number, line in enumerate(lines[:-1], start=1):
+            if not line.strip():
+                continue
+            try:
+                parsed.records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: line {number} is not valid JSON ({err}); the file was edited or "
+                                 "corrupted") from err
+        if lines[-1].strip():
+            try:
+                parsed.records.append(json.loads(lines[-1]))
+            except json.JSONDecodeError:
+                parsed.truncated[str(path)] = lines[-1]
     return parsed
 
 
@@ -89,9 +106,12 @@ def _finite_or_none(value):
     return value
 
 
-def append_record(out: str | os.PathLike, record: dict) -> None:
-    """Append one record as a JSON line, durably (fsync), starting a fresh line after a truncated one."""
-    path = results_path(out)
+def append_record(out: str | os.PathLike, record: dict, shard: tuple[int, int] = (0, 1)) -> None:
+    """Append one record as a JSON line to ``results_path(out, shard)``, durably (fsync).
+
+    After a truncated last line, the record starts on a fresh line.
+    """
+    path = results_path(out, shard)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(_finite_or_none(record), sort_keys=True, allow_nan=False) + "\n"
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)

@@ -69,11 +69,8 @@ def final_metric(run: dict) -> float | None:
 
 
 def metric_name(run: dict) -> str:
-    """The validation metric's name: the trainer's if it records one, else the task's usual metric."""
-    epochs = run.get("epochs") or []
-    if epochs and epochs[-1].get("val_metric_name"):
-        return epochs[-1]["val_metric_name"]
-    return "val metric"
+    """The validation metric's name as the trainer reports it (auc, accuracy, miou)."""
+    return f"val {run.get('metric_name') or 'metric'}"
 
 
 def summarise_model(runs: list[dict]) -> ModelSummary:

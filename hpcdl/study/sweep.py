@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdl.study.methods import Method, parse_methods
-from hpcdl.study.results import append_record, read_results, results_path
+from hpcdl.study.results import append_record, read_results, result_files
 
 RECORD_VERSION = 1
 
@@ -105,7 +105,7 @@ class SweepSummary:
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     already_done: list[str] = field(default_factory=list)
-    truncated_line: str | None = None
+    truncated: dict[str, str] = field(default_factory=dict)  # results file -> its unfinished last line
 
 
 def base_config_for(model: str) -> str | dict:
@@ -207,9 +207,41 @@ def _first_step_loss(run_dir: Path) -> float | None:
     with metrics.open() as handle:
         for line in handle:
             record = json.loads(line)
-            if record.get("step") is not None and record.get("loss") is not None:
+            if record.get("kind") == "train" and record.get("step") == 1:
                 return record["loss"]
     return None
+
+
+STATS_BATCH = 8
+
+
+def activation_stats_record(run: RunSpec) -> dict:
+    """Per-module statistics of what the model saves for backward, at initialisation, on real training samples.
+
+    The model and data are built as the trainer builds them for ``run`` (same seed, so the same initial
+    weights), and one forward runs on the first ``STATS_BATCH`` training samples.
+    """
+    import torch
+
+    import hpcdl.models
+    from hpcdl.study.activations import capture_activation_stats
+    from hpcdl.train.trainer import _datasets, _model_options
+
+    record = {"kind": "activation_stats", "record_version": RECORD_VERSION, "model": run.model, "scale": run.scale,
+              "seed": run.seed}
+    try:
+        config = _resolve_config(run)
+        spec = hpcdl.models.spec(run.model)
+        train_set, _ = _datasets(config, spec)
+        torch.manual_seed(run.seed)
+        model = spec.build(run.scale, **_model_options(config, spec, train_set))
+        count = min(len(train_set), STATS_BATCH)
+        inputs = torch.stack([train_set[index][0] for index in range(count)])
+        record.update(samples=count, dataset=config["data"]["dataset"] or spec.default_dataset,
+                      modules=capture_activation_stats(model, inputs))
+    except Exception as err:  # the statistics are an extra: their failure is recorded, the sweep goes on
+        record["error"] = f"{type(err).__name__}: {err}"
+    return record
 
 
 def execute(run: RunSpec, out: Path, progress: bool = True) -> dict:
@@ -244,38 +276,72 @@ def execute(run: RunSpec, out: Path, progress: bool = True) -> dict:
         activation_packed_bytes=result.activation_packed_bytes,
         activation_ratio=result.activation_ratio,
         per_module=result.per_module,
+        metric_name=result.metric_name,
         peak_memory_bytes=result.peak_memory_bytes,
+        peak_memory_kind=result.peak_memory_kind,
         wall_time_s=result.wall_time_s,
+        steps=result.steps,
         batch_size=result.batch_size,
+        per_device_batch=result.per_device_batch,
         world_size=result.world_size,
+        model_options=result.model_options,
     )
     return record
 
 
-def run_sweep(runs: list[RunSpec], out: str | os.PathLike, progress: bool = True,
-              retry_failed: bool = False) -> SweepSummary:
-    """Run every run of ``runs`` whose key is not finished in ``out``'s results file, appending one line each."""
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+MMAP_THRESHOLD_BYTES = 64 * 1024
+
+
+def return_freed_memory_to_os() -> bool:
+    """Make glibc give freed tensor memory back to the OS, so each run's peak-RSS delta is its own.
+
+    The trainer measures CPU peak memory as peak RSS minus RSS before the first step. Runs follow
+    each other in this process; without this, glibc keeps a finished run's freed blocks and the next
+    run reuses them without RSS growing, so its peak reads near zero. A fixed mmap threshold puts
+    every block above 64 KiB in its own mapping (unmapped on free) and malloc_trim releases the rest.
+    Returns False where this is not glibc; the record says so, since its CPU peaks may then read low.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and libc.malloc_trim(0) >= 0
+    except (OSError, AttributeError):
+        return False
+
+
+def run_sweep(runs: list[RunSpec], out: str | os.PathLike, progress: bool = True, retry_failed: bool = False,
+              shard: tuple[int, int] = (0, 1)) -> SweepSummary:
+    """Run every run of ``runs`` not finished in ``out``'s results files, appending one line each.
+
+    ``shard`` (i, n) names the file written (``results_path(out, shard)``); finished runs are looked
+    up in every results file of ``out``, so a sweep resumed with another sharding skips them too.
+    """
     from tqdm import tqdm
 
     out = Path(out)
     summary = SweepSummary()
     done: set[str] = set()
     stats_done: set[tuple[str, str]] = set()
-    if results_path(out).exists():
+    if result_files(out):
         existing = read_results(out)
         done = existing.finished_keys(retry_failed=retry_failed)
         stats_done = set(existing.activation_stats())
-        summary.truncated_line = existing.truncated
+        summary.truncated = existing.truncated
     todo = [run for run in runs if run.key not in done]
     summary.already_done = [run.key for run in runs if run.key in done]
     bar = tqdm(todo, desc="study runs", unit="run", disable=not progress, position=0, dynamic_ncols=True)
     for run in bar:
         bar.set_postfix_str(run.label)
         if (run.model, run.scale) not in stats_done and run.method.kind == "baseline":
-            append_record(out, activation_stats_record(run))
+            append_record(out, activation_stats_record(run), shard)
             stats_done.add((run.model, run.scale))
+        freed_memory_returned = return_freed_memory_to_os()
         record = execute(run, out, progress=progress)
-        append_record(out, record)
+        record["freed_memory_returned"] = freed_memory_returned
+        append_record(out, record, shard)
         {"ok": summary.ran, "skipped": summary.skipped, "failed": summary.failed}[record["status"]].append(run.key)
         line = summary_line(record)
         if progress:
