@@ -1,0 +1,1 @@
+"""Benchmarks: commands that measure (speed, ratio, memory) and print what they measured; never tests."""

@@ -1,0 +1,100 @@
+"""``hpcdl bench codecs --quick``: runs end to end and writes a JSON report with every field (no timing checks)."""
+
+import json
+
+import pytest
+import torch
+
+from hpcdl.bench.activations import natural_images, saved_activations
+from hpcdl.bench.codecs import codec_suite, format_report
+from hpcdl.cli import main
+
+ROW_FIELDS = {
+    "label", "codec", "config", "status", "reason", "tensors", "original_bytes", "packed_bytes", "ratio",
+    "ratio_per_model", "compress_gbps", "decompress_gbps", "max_error_over_bound", "max_error_over_range",
+    "bound_violations", "nonfinite_mismatches", "zero_mismatches", "sign_flips",
+}
+
+
+@pytest.fixture(scope="module")
+def quick_report(tmp_path_factory):
+    # one intra-op thread: on a busy shared CPU, waking worker threads would dominate the tiny --quick tensors
+    out = tmp_path_factory.mktemp("bench") / "codecs.json"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["bench", "codecs", "--quick", "--bounds", "1e-1,1e-2", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(out.read_text())
+
+
+def test_report_has_every_field(quick_report):
+    report = quick_report
+    assert report["quick"] is True and report["bounds"] == [0.1, 0.01] and report["repeats"] == 1
+    assert report["memcpy_gbps"] > 0
+    assert {"cpu_count", "torch", "torch_threads", "sz_backend", "load_average_1min"} <= set(report["machine"])
+    assert [w["model"] for w in report["workloads"]] == ["resnet18", "vit"]
+    assert all(w["tensors"] > 0 and w["bytes"] > 0 for w in report["workloads"])
+    labels = [row["label"] for row in report["results"]]
+    assert labels == [entry.label for entry in codec_suite((0.1, 0.01))]
+    for row in report["results"]:
+        assert set(row) == ROW_FIELDS, row["label"]
+        assert row["status"] == "ok", row
+        assert row["ratio"] > 1 and row["compress_gbps"] > 0 and row["decompress_gbps"] > 0
+        assert row["packed_bytes"] < row["original_bytes"]
+        assert set(row["ratio_per_model"]) == {"resnet18", "vit"}
+    assert set(report["targets"]) == {"bound", "sz_over_sz3_compress_speed", "sz_over_sz3_ratio",
+                                      "sz_decompress_over_compress_speed"}
+
+
+def test_error_columns_judge_each_codec_by_check_bound(quick_report):
+    rows = {row["label"]: row for row in quick_report["results"]}
+    for bound in (0.1, 0.01):
+        sz = rows[f"sz rel {bound:g}"]
+        assert 0 < sz["max_error_over_bound"] <= 1 and sz["bound_violations"] == 0
+        assert sz["zero_mismatches"] == sz["sign_flips"] == sz["nonfinite_mismatches"] == 0
+        assert sz["max_error_over_range"] == pytest.approx(sz["max_error_over_bound"] * bound)
+        assert rows[f"sz3 rel {bound:g}"]["bound_violations"] == 0
+    for label in ("quant 2-bit", "cast bf16"):
+        assert rows[label]["max_error_over_bound"] is None and rows[label]["max_error_over_range"] > 0
+    assert rows["quant 2-bit"]["max_error_over_range"] > rows["quant 8-bit"]["max_error_over_range"]
+    assert rows["quant 2-bit"]["ratio"] > rows["quant 8-bit"]["ratio"]
+
+
+def test_table_shows_every_row_and_the_targets(quick_report):
+    table = format_report(quick_report)
+    for row in quick_report["results"]:
+        assert f"| {row['label']} |" in table
+    assert "memcpy:" in table and "target sz_over_sz3_ratio at rel 0.01" in table
+
+
+def test_saved_activations_drop_parameters_and_keep_each_storage_once():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    saved = saved_activations(model, torch.randn(5, 8))
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    pointers = [t.untyped_storage().data_ptr() for t in saved]
+    assert saved and not parameters & set(pointers) and len(pointers) == len(set(pointers))
+    assert sorted(tuple(t.shape) for t in saved) == [(5, 8), (5, 16)]  # input of fc1; ReLU output, saved twice
+
+
+def test_natural_images_are_smooth_and_standardised():
+    images = natural_images(2, 3, 32, 32, torch.Generator().manual_seed(0))
+    assert images.shape == (2, 3, 32, 32)
+    assert images.mean().abs() < 1e-5 and (images.std() - 1).abs() < 1e-2
+    neighbours = torch.corrcoef(torch.stack([images[..., 1:].flatten(), images[..., :-1].flatten()]))[0, 1]
+    assert neighbours > 0.6, "white noise would give about 0"
+
+
+def test_bad_bounds_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "codecs", "--bounds", "1e-2,abc"])
+    assert "not a number" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "codecs", "--bounds", "0"])
+    assert "finite number > 0" in capsys.readouterr().err
+
+
+def test_bad_device_is_refused(capsys):
+    assert main(["bench", "codecs", "--quick", "--device", "tpu"]) == 2
+    assert "--device must be cpu or cuda" in capsys.readouterr().err
