@@ -1,0 +1,206 @@
+"""The model zoo: registry contract, output shapes, trainability, checkpoint blocks, published sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import hpcdl.models as models
+from hpcdl.models.hep import ParticleTransformer
+
+AGREED_NAMES = {
+    "deeplabv3p-climate", "hep-cnn", "particle-transformer", "alexnet", "vgg16-bn", "resnet18", "resnet50",
+    "resnet18-cifar", "resnet50-cifar", "vit", "gpt",
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # On a shared, oversubscribed CPU, OpenMP barriers make two threads ~20x slower than one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def expected_output_shape(spec, scale, batch):
+    shape = spec.input_shape(scale)
+    if spec.task == "segmentation":
+        return (batch, spec.num_classes, *shape[-2:])
+    if spec.task == "language":
+        return (batch, shape[0], spec.num_classes)
+    return (batch, spec.num_classes)
+
+
+def test_registry_lists_the_agreed_models_with_consistent_specs():
+    assert set(models.names()) == AGREED_NAMES
+    for name in models.names():
+        spec = models.spec(name)
+        assert spec.name == name
+        assert spec.task in ("segmentation", "classification", "language")
+        assert spec.scales[0] == "tiny" and spec.scales[-1] == "full"
+        assert spec.input_dtype == (torch.int64 if spec.task == "language" else torch.float32)
+    assert models.spec("deeplabv3p-climate").default_dataset == "climate-sample"
+    assert models.spec("hep-cnn").default_dataset == "hep-sample"
+    assert models.spec("deeplabv3p-climate").input_shape("full") == (16, 768, 1152)
+    assert models.spec("deeplabv3p-climate").num_classes == 3
+
+
+def test_unknown_names_scales_and_arguments_say_what_is_valid():
+    with pytest.raises(ValueError, match="unknown model 'resnet19'.*resnet18"):
+        models.get("resnet19")
+    with pytest.raises(ValueError, match="no scale 'huge'.*tiny, small, full"):
+        models.get("resnet18", scale="huge")
+    with pytest.raises(ValueError, match="no scale 'huge'"):
+        models.spec("gpt").input_shape("huge")
+    with pytest.raises(TypeError, match="does not take colour.*in_channels"):
+        models.get("deeplabv3p-climate", "tiny", colour=3)
+    with pytest.raises(ValueError, match="positive int"):
+        models.spec("vit").example_batch("tiny", 0)
+
+
+@pytest.mark.parametrize("name", sorted(AGREED_NAMES))
+def test_smallest_scale_has_the_right_output_shape_and_learns(name):
+    spec = models.spec(name)
+    scale = spec.scales[0]
+    torch.manual_seed(0)
+    model = models.get(name, scale)
+    x, y = spec.example_batch(scale, 2, torch.Generator().manual_seed(1))
+    assert x.shape == (2, *spec.input_shape(scale)) and x.dtype == spec.input_dtype
+    assert y.dtype == torch.int64
+    output = model(x)
+    assert output.shape == expected_output_shape(spec, scale, 2)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(6):
+        loss = spec.loss(model(x), y)
+        assert torch.isfinite(loss)
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    final = spec.loss(model(x), y).item()
+    assert final < 0.97 * losses[0], f"{name}: loss went {losses} -> {final}"
+
+
+def test_in_channels_override_builds_a_climate_model_for_other_data():
+    model = models.get("deeplabv3p-climate", "tiny", in_channels=4)
+    assert model(torch.randn(1, 4, 32, 48)).shape == (1, 3, 32, 48)
+
+
+def test_example_batch_is_reproducible_and_in_range():
+    spec = models.spec("deeplabv3p-climate")
+    a = spec.example_batch("tiny", 3, torch.Generator().manual_seed(5))
+    b = spec.example_batch("tiny", 3, torch.Generator().manual_seed(5))
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert a[1].shape == (3, *spec.input_shape("tiny")[-2:]) and 0 <= a[1].min() and a[1].max() < 3
+    tokens, targets = models.spec("gpt").example_batch("tiny", 2, torch.Generator().manual_seed(0))
+    assert torch.equal(tokens[:, 1:], targets[:, :-1]), "language targets are the inputs shifted by one"
+
+
+FULL_PARAMETERS = {  # the published / torchvision counts
+    "alexnet": 61_100_840,
+    "vgg16-bn": 138_365_992,
+    "resnet18": 11_689_512,
+    "resnet50": 25_557_032,
+    "resnet18-cifar": 11_173_962,
+    "vit": 86_567_656,
+    "gpt": 124_439_808,
+}
+
+
+@pytest.mark.parametrize("name", sorted(AGREED_NAMES))
+def test_full_scale_builds_and_runs_on_the_meta_device(name):
+    spec = models.spec(name)
+    with torch.device("meta"):
+        model = models.get(name, "full")
+        x, _ = spec.example_batch("full", 1)
+        output = model(x.to("meta"))
+    assert output.shape == expected_output_shape(spec, "full", 1)
+    if name in FULL_PARAMETERS:
+        assert sum(p.numel() for p in model.parameters()) == FULL_PARAMETERS[name]
+
+
+def test_full_deeplab_is_deepcam_sized():
+    with torch.device("meta"):
+        model = models.get("deeplabv3p-climate", "full")
+        output = model(torch.empty(2, 16, 768, 1152))
+    assert output.shape == (2, 3, 768, 1152)
+    backbone = model.backbone
+    assert [len(stage) for stage in (backbone.layer1, backbone.layer2, backbone.layer3, backbone.layer4)] == [3, 4, 6, 3]
+    assert backbone.layer4[-1].conv2.dilation == (2, 2), "output stride 16: the last stage is atrous"
+
+
+@pytest.mark.parametrize("name", ["deeplabv3p-climate", "particle-transformer", "gpt", "resnet18-cifar"])
+def test_checkpointing_each_block_gives_the_same_gradients(name):
+    spec = models.spec(name)
+    torch.manual_seed(0)
+    model = models.get(name, "tiny").eval()  # eval: BatchNorm must not update twice under recomputation
+    blocks = spec.blocks(model)
+    owned = {id(m) for m in model.modules()}
+    assert blocks and all(id(b) in owned for b in blocks)
+    parameters = [{id(p) for p in b.parameters()} for b in blocks]
+    assert sum(map(len, parameters)) == len(set().union(*parameters)), "blocks overlap"
+    calls = []
+    hooks = [b.register_forward_hook(lambda m, i, o, k=k: calls.append(k)) for k, b in enumerate(blocks)]
+    x, y = spec.example_batch("tiny", 2, torch.Generator().manual_seed(0))
+    spec.loss(model(x), y).backward()
+    for hook in hooks:
+        hook.remove()
+    assert calls == list(range(len(blocks))), "each block runs once, in order"
+    reference = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    for block in blocks:
+        forward = block.forward
+        block.forward = lambda *args, _f=forward, **kw: checkpoint(_f, *args, use_reentrant=False, **kw)
+    spec.loss(model(x), y).backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, reference[n], msg=f"{name}: gradient of {n} changed under checkpointing")
+
+
+def test_blocks_rejects_a_model_of_another_kind():
+    with pytest.raises(TypeError, match="describes ResNet"):
+        models.spec("resnet18").blocks(nn.Linear(2, 2))
+
+
+def test_particle_transformer_ignores_padding_and_particle_order():
+    torch.manual_seed(0)
+    model = models.get("particle-transformer", "tiny").eval()
+    particles = torch.randn(3, 10, 4)
+    padded = torch.cat([particles, torch.zeros(3, 7, 4)], dim=1)
+    shuffled = particles[:, torch.randperm(10)]
+    with torch.no_grad():
+        reference = model(particles)
+        torch.testing.assert_close(model(padded), reference)
+        torch.testing.assert_close(model(shuffled), reference)
+        empty = model(torch.zeros(2, 5, 4))
+    assert torch.isfinite(empty).all(), "a jet without particles still gives finite logits"
+    mask = ParticleTransformer.particle_mask(padded)
+    assert mask[:, :10].all() and not mask[:, 10:].any()
+    with pytest.raises(ValueError, match="particles, features"):
+        model(torch.randn(2, 4))
+
+
+def test_gpt_is_causal_and_checks_its_context():
+    torch.manual_seed(0)
+    model = models.get("gpt", "tiny").eval()
+    tokens = torch.randint(100, (1, 12))
+    changed = tokens.clone()
+    changed[0, 8:] = (changed[0, 8:] + 1) % 100
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens)[:, :8], model(changed)[:, :8])
+    with pytest.raises(ValueError, match="exceeds the model's context of 32"):
+        model(torch.randint(100, (1, 33)))
+
+
+def test_bad_architecture_arguments_are_explained():
+    with pytest.raises(ValueError, match="output_stride 4 is not reachable"):
+        models.get("deeplabv3p-climate", "tiny", output_stride=4)
+    with pytest.raises(ValueError, match="not divisible by 3 heads"):
+        models.get("vit", "tiny", heads=3)
+    with pytest.raises(ValueError, match="too small for 3 pooling stages"):
+        models.get("hep-cnn", "tiny", image_size=4)
+    with pytest.raises(ValueError, match="built for 32x32"):
+        models.get("vit", "tiny")(torch.randn(1, 3, 64, 64))
