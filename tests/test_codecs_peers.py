@@ -76,6 +76,7 @@ def test_documented_zero_and_sign_are_not_preserved(codec_id):
     report = check_bound(x, codec.decode(codec.encode(x)), "rel", 1e-2)
     assert report.bound_violations == 0
     assert report.zero_mismatches > 0, f"{codec_id} now keeps zeros exactly: update docs/codecs.md"
+    assert report.sign_flips > 0, f"{codec_id} now keeps signs: update docs/codecs.md"
 
 
 def test_sz3_returns_nan_and_inf_exactly():

@@ -11,7 +11,7 @@ Measured behaviour (tests/test_codecs_peers.py asserts it; docs/codecs.md has th
   nor signs (a small positive value may decode to 0 or below).
 - zfp holds the bound on finite values when the tensor is all finite, but does not preserve zero or signs,
   and a NaN or Inf destroys its whole 4^d block: it comes back as a finite number and its finite neighbours
-  leave the bound. zfp with a zero tolerance (a constant tensor in ``rel`` mode) is near-lossless, not exact.
+  leave the bound.
 
 The library's bytes follow an hpcdl header whose fields hold the absolute bound, the stream length and its
 CRC-32; decode checks both before handing bytes to the library, whose decoders do not validate their input.
@@ -20,9 +20,9 @@ CRC-32; decode checks both before handing bytes to the library, whose decoders d
 from __future__ import annotations
 
 import importlib
-from abc import abstractmethod
 import math
 import zlib
+from abc import abstractmethod
 
 import numpy as np
 import torch
