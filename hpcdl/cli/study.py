@@ -58,6 +58,9 @@ def register(subparsers) -> None:
     run.add_argument("--out", required=True, help="study directory; results.jsonl and run directories go here")
     run.add_argument("--shard", default="0/1", metavar="I/N",
                      help="run only shard I of N (I from 0; e.g. $SLURM_ARRAY_TASK_ID/N); default 0/1")
+    run.add_argument("--threads", type=int, default=None,
+                     help="torch CPU threads per process (default: torch's choice); 1 steadies step times on a "
+                          "busy machine")
     run.add_argument("--retry-failed", action="store_true", help="run again the runs recorded as failed")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     run.add_argument("--debug", action="store_true", help="show tracebacks of errors")
@@ -77,6 +80,12 @@ def _run(args) -> int:
         raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
     if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
         raise ValueError(f"--steps-per-epoch must be >= 1, got {args.steps_per_epoch}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     index, count = parse_shard(args.shard)
     runs = plan_sweep(args.models, args.methods, args.seeds, args.epochs, batch=args.batch, scale=args.scale,
                       steps_per_epoch=args.steps_per_epoch, base_config=args.config, extra=args.overrides)

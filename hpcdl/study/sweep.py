@@ -22,6 +22,7 @@ from pathlib import Path
 
 from hpcdl.study.methods import Method, parse_methods
 from hpcdl.study.results import append_record, read_results, result_files
+from hpcdl.train.distributed import detect_world
 
 RECORD_VERSION = 1
 
@@ -332,20 +333,22 @@ def run_sweep(runs: list[RunSpec], out: str | os.PathLike, progress: bool = True
         summary.truncated = existing.truncated
     todo = [run for run in runs if run.key not in done]
     summary.already_done = [run.key for run in runs if run.key in done]
-    bar = tqdm(todo, desc="study runs", unit="run", disable=not progress, position=0, dynamic_ncols=True)
+    # Under mpirun/srun every rank runs the same sweep (each run is data-parallel); rank 0 alone writes.
+    root = detect_world().rank == 0
+    bar = tqdm(todo, desc="study runs", unit="run", disable=not (progress and root), position=0, dynamic_ncols=True)
     for run in bar:
         bar.set_postfix_str(run.label)
-        if (run.model, run.scale) not in stats_done and run.method.kind == "baseline":
+        if root and (run.model, run.scale) not in stats_done and run.method.kind == "baseline":
             append_record(out, activation_stats_record(run), shard)
             stats_done.add((run.model, run.scale))
         freed_memory_returned = return_freed_memory_to_os()
         record = execute(run, out, progress=progress)
         record["freed_memory_returned"] = freed_memory_returned
-        append_record(out, record, shard)
+        if root:
+            append_record(out, record, shard)
         {"ok": summary.ran, "skipped": summary.skipped, "failed": summary.failed}[record["status"]].append(run.key)
-        line = summary_line(record)
-        if progress:
-            tqdm.write(line)
+        if progress and root:
+            tqdm.write(summary_line(record))
     return summary
 
 
