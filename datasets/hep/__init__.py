@@ -1,0 +1,11 @@
+"""HEP data set generator: Pythia 8 W -> qq vs QCD jets, FastJet anti-kt R = 0.8, images and constituents.
+
+Importing this package does not need Pythia; ``generate_hep`` raises an ImportError that says how
+to install ``pythia8mc`` when it is missing.
+"""
+
+from .generate import CLASS_NAMES, HEPSettings, generate_hep, import_pythia
+from .preprocess import JetParticles, centred_coordinates, constituent_array, jet_image, particles_of
+
+__all__ = ["CLASS_NAMES", "HEPSettings", "generate_hep", "import_pythia", "JetParticles", "centred_coordinates",
+           "constituent_array", "jet_image", "particles_of"]

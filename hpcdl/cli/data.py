@@ -1,0 +1,94 @@
+"""``hpcdl data``: generate, check, describe and convert the climate and HEP data sets."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _grid(text: str) -> tuple[int, int]:
+    try:
+        ny, nx = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"grid must look like 96x144 (lat x lon), got {text!r}") from None
+    return ny, nx
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("data", help="generate, verify, describe and convert data sets")
+    commands = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+
+    make = commands.add_parser("make", help="generate a climate or HEP data set with its manifest")
+    make.add_argument("kind", choices=("climate", "hep"))
+    make.add_argument("--samples", type=int, required=True, help="number of snapshots (climate) or jets (hep)")
+    make.add_argument("--out", required=True, help="output directory (created)")
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--grid", type=_grid, default=None,
+                      help="climate grid LATxLON (default 96x144; DeepCAM's is 768x1152)")
+    make.add_argument("--no-progress", action="store_true", help="no progress bar")
+    make.set_defaults(handler=_make)
+
+    verify = commands.add_parser("verify", help="check a data set's files against its manifest checksums")
+    verify.add_argument("dataset", help="directory with a manifest.json, or a committed sample name")
+    verify.set_defaults(handler=_verify)
+
+    info = commands.add_parser("info", help="describe a data set (shapes, classes, split sizes)")
+    info.add_argument("dataset")
+    info.add_argument("--features", choices=("images", "constituents"), default=None, help="HEP input features")
+    info.set_defaults(handler=_info)
+
+    convert = commands.add_parser("to-deepcam", help="write a climate data set in DeepCAM's HDF5 layout")
+    convert.add_argument("dataset", help="climate data set directory or 'climate-sample'")
+    convert.add_argument("--out", required=True)
+    convert.add_argument("--layout", choices=("per-sample", "single"), default="per-sample")
+    convert.add_argument("--no-progress", action="store_true")
+    convert.set_defaults(handler=_to_deepcam)
+
+
+def _make(args) -> int:
+    if args.samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {args.samples}")
+    if args.kind == "climate":
+        from hpcdl_datasets.climate import ClimateSettings, generate_climate
+
+        settings = ClimateSettings.for_grid(*args.grid) if args.grid else ClimateSettings()
+        manifest = generate_climate(args.out, args.samples, args.seed, settings, progress=not args.no_progress)
+    else:
+        if args.grid:
+            raise ValueError("--grid applies to climate data only")
+        from hpcdl_datasets.hep import generate_hep
+
+        manifest = generate_hep(args.out, args.samples, args.seed, progress=not args.no_progress)
+    size = sum(entry["bytes"] for entry in manifest.files)
+    print(f"wrote {manifest.count} samples in {len(manifest.files)} files ({size / 2**20:.1f} MiB) and "
+          f"{manifest.path}")
+    return 0
+
+
+def _verify(args) -> int:
+    from hpcdl.data.datasets import resolve
+    from hpcdl.data.manifest import read_manifest, verify_checksums
+
+    manifest = read_manifest(resolve(args.dataset))
+    print(f"{manifest.path}: {verify_checksums(manifest)} files match their sha256 checksums")
+    return 0
+
+
+def _info(args) -> int:
+    from hpcdl.data import load_dataset
+
+    for split in ("train", "val"):
+        data = load_dataset(args.dataset, split, features=args.features)
+        x, y = data[0]
+        info = data.info
+        print(f"{split}: {len(data)} samples of x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)} {y.dtype}; "
+              f"{info['task']}, classes {info['class_names']}")
+    print(f"source: {info['source']}")
+    return 0
+
+
+def _to_deepcam(args) -> int:
+    from hpcdl_datasets.climate.deepcam import convert_to_deepcam
+
+    manifest = convert_to_deepcam(args.dataset, args.out, args.layout, progress=not args.no_progress)
+    print(f"wrote {manifest.count} samples ({args.layout}) and {manifest.path}")
+    return 0

@@ -1,0 +1,189 @@
+"""``load_dataset``: a torch-style Dataset for a generated data set, a committed sample, or random data.
+
+Items are ``(x, y)``: ``x`` a float32 tensor normalised with the manifest's per-channel statistics,
+``y`` an int64 class (classification) or an int64 (H, W) class map (segmentation). ``dataset.info``
+describes the data (task, num_classes, input_shape, class_names, source, ...).
+
+Train/val splits are deterministic: climate snapshots form a time series, so the validation set
+is the last ``val_fraction`` of the snapshots in time (no near-duplicate neighbours across the
+split); HEP jets are independent, so the split is a seeded permutation (the file holds signal and
+background in generation order).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import MissingFileError, ShapeError
+from .features import CONSTITUENT_FEATURES, NORMALISED_FEATURES, constituent_features
+from .manifest import Manifest, read_manifest, verify_checksums
+from .readers import ClimateNetCDFReader, DeepCAMReader, HDF5Reader
+from .samples import SAMPLE_NAMES, sample_path
+from .synthetic import RANDOM_DATASETS, random_dataset
+
+SPLITS = ("train", "val", "all")
+HEP_FEATURES = ("images", "constituents")
+
+
+def split_indices(count: int, split: str, val_fraction: float, time_ordered: bool, seed: int) -> np.ndarray:
+    """Global sample indices of ``split``; train and val are disjoint and together cover all samples."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if split == "all":
+        return np.arange(count)
+    n_val = int(round(count * val_fraction))
+    if val_fraction > 0 and count > 1:
+        n_val = min(max(n_val, 1), count - 1)
+    order = np.arange(count) if time_ordered else np.random.default_rng(seed).permutation(count)
+    chosen = order[count - n_val:] if split == "val" else order[:count - n_val]
+    return np.sort(chosen)
+
+
+class ManifestDataset(torch.utils.data.Dataset):
+    """A split of a data set on disk: ``len`` samples, read lazily through ``reader``."""
+
+    def __init__(self, manifest: Manifest, indices: np.ndarray, info: dict) -> None:
+        self.manifest = manifest
+        self.indices = indices
+        self.info = info
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, item: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not -len(self) <= item < len(self):
+            raise IndexError(f"item {item} out of range for a split of {len(self)} samples")
+        x, y = self.sample(int(self.indices[item]))
+        return torch.from_numpy(x), torch.from_numpy(np.asarray(y, dtype=np.int64))
+
+    def sample(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+def _stats(manifest: Manifest, key: str, names: tuple | list) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std (std floored, so constant channels do not divide by zero) for ``names`` under ``key``."""
+    entry = manifest.normalization.get(key)
+    if entry is None or list(entry["names"]) != list(names):
+        raise ShapeError(manifest.path, f"normalization[{key!r}] must list {list(names)}, got "
+                                        f"{None if entry is None else entry['names']}")
+    mean = np.asarray(entry["mean"], dtype=np.float32)
+    std = np.maximum(np.asarray(entry["std"], dtype=np.float32), 1e-12)
+    return mean, std
+
+
+class ClimateDataset(ManifestDataset):
+    """Climate snapshots (netCDF4 from the generator, or DeepCAM HDF5 from the converter): x (C, H, W)."""
+
+    def __init__(self, manifest, indices, info, normalize: bool) -> None:
+        super().__init__(manifest, indices, info)
+        channels, height, width = manifest.sample_shape
+        names = manifest.normalization["fields"]["names"]
+        paths, counts = manifest.file_paths(), [f["samples"] for f in manifest.files]
+        if manifest.kind == "climate-netcdf":
+            self.reader = ClimateNetCDFReader(paths, counts, manifest.num_classes, names, height, width)
+        else:
+            self.reader = DeepCAMReader(paths, counts, manifest.num_classes, height, width, channels)
+        mean, std = _stats(manifest, "fields", names)
+        self.mean = mean[:, None, None] if normalize else np.zeros((channels, 1, 1), np.float32)
+        self.std = std[:, None, None] if normalize else np.ones((channels, 1, 1), np.float32)
+
+    def sample(self, index):
+        x, y = self.reader.read(index)
+        return (x - self.mean) / self.std, y
+
+
+class HEPDataset(ManifestDataset):
+    """HEP jets from one or more HDF5 files: jet images (1, H, W) or constituent rows (N, 5)."""
+
+    def __init__(self, manifest, indices, info, features: str, normalize: bool) -> None:
+        super().__init__(manifest, indices, info)
+        if features not in HEP_FEATURES:
+            raise ValueError(f"features must be one of {HEP_FEATURES}, got {features!r}")
+        self.features = features
+        shapes = manifest.sample_shape
+        image_shape = tuple(shapes["images"])[1:]
+        max_particles = shapes["constituents"][0]
+        expected = {"images": image_shape, "constituents": (max_particles, 4), "n_constituents": (),
+                    "labels": (), "jet_eta": (), "jet_phi": ()}
+        self.reader = HDF5Reader(manifest.file_paths(), [f["samples"] for f in manifest.files],
+                                 manifest.num_classes, expected, y_field="labels")
+        if features == "images":
+            self.mean, self.std = _stats(manifest, "images", ["pt_fraction"])
+        else:
+            mean, std = _stats(manifest, "constituents", NORMALISED_FEATURES)
+            self.mean = np.concatenate([mean, [0.0]]).astype(np.float32)
+            self.std = np.concatenate([std, [1.0]]).astype(np.float32)
+        if not normalize:
+            self.mean, self.std = np.zeros_like(self.mean), np.ones_like(self.std)
+
+    def sample(self, index):
+        row = self.reader.read_fields(index)
+        if self.features == "images":
+            x = (row["images"][None].astype(np.float32) - self.mean) / self.std
+        else:
+            count = int(row["n_constituents"])
+            x = constituent_features(row["constituents"], count, float(row["jet_eta"]), float(row["jet_phi"]))
+            x[:count] = (x[:count] - self.mean) / self.std  # padding rows stay exactly zero
+        return x, row["labels"]
+
+
+def _input_shape(manifest: Manifest, features: str | None) -> tuple:
+    if manifest.kind == "hep-hdf5":
+        if features == "images":
+            return tuple(manifest.sample_shape["images"])
+        return (manifest.sample_shape["constituents"][0], len(CONSTITUENT_FEATURES))
+    return tuple(manifest.sample_shape)
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """The manifest path of a committed sample name, a data set directory, or a manifest file."""
+    if str(name_or_path) in SAMPLE_NAMES:
+        return sample_path(str(name_or_path))
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise MissingFileError(path, f"no such data set; give a directory with a manifest.json, one of the "
+                                     f"committed samples {SAMPLE_NAMES}, or random data {tuple(RANDOM_DATASETS)}")
+    return path
+
+
+def load_dataset(name_or_path: str | Path, split: str = "train", *, features: str | None = None,
+                 val_fraction: float = 0.2, split_seed: int = 0, normalize: bool = True, verify: bool = False,
+                 **random_kw) -> torch.utils.data.Dataset:
+    """Open a data set split.
+
+    name_or_path: "climate-sample", "hep-sample", a random-data name ("random-imagenet",
+        "random-deepcam", ...; for memory/speed runs only), or a directory / manifest.json.
+    features: for HEP, "images" (default) or "constituents".
+    verify: check every file's sha256 against the manifest first (reads all files once).
+    """
+    if str(name_or_path) in RANDOM_DATASETS:
+        return random_dataset(str(name_or_path), **random_kw)
+    if random_kw:
+        raise TypeError(f"unexpected arguments {sorted(random_kw)} for data set {name_or_path!r}")
+    manifest = read_manifest(resolve(name_or_path))
+    if verify:
+        verify_checksums(manifest)
+    else:
+        manifest.check_sizes()
+    hep = manifest.kind == "hep-hdf5"
+    if hep:
+        features = features or "images"
+    elif features is not None:
+        raise ValueError(f"features={features!r} applies to HEP data sets only; {manifest.path} is {manifest.kind}")
+    indices = split_indices(manifest.count, split, val_fraction, time_ordered=not hep, seed=split_seed)
+    info = {"task": manifest.task, "num_classes": manifest.num_classes, "class_names": manifest.class_names,
+            "input_shape": _input_shape(manifest, features), "source": str(manifest.path), "kind": manifest.kind,
+            "name": manifest.name, "split": split, "num_samples": len(indices), "random": False,
+            "normalization": manifest.normalization if normalize else None}
+    if hep:
+        info["features"] = features
+        if features == "constituents":
+            info["feature_names"] = list(CONSTITUENT_FEATURES)
+        return HEPDataset(manifest, indices, info, features, normalize)
+    info["channels"] = list(manifest.normalization["fields"]["names"])
+    return ClimateDataset(manifest, indices, info, normalize)

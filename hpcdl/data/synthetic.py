@@ -1,0 +1,53 @@
+"""Random data of ImageNet and DeepCAM shapes, for memory and speed runs where accuracy is not measured.
+
+Every item is drawn from a generator seeded by (seed, index), so the data are reproducible and
+any item can be read in any order without storing anything. ``info["random"]`` is True and
+``info["note"]`` says that accuracy on these data means nothing; callers should say so wherever
+they report numbers measured on them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: name -> (task, num_classes, per-sample input shape)
+RANDOM_DATASETS: dict[str, tuple[str, int, tuple[int, ...]]] = {
+    "random-imagenet": ("classification", 1000, (3, 224, 224)),
+    "random-cifar": ("classification", 10, (3, 32, 32)),
+    "random-deepcam": ("segmentation", 3, (16, 768, 1152)),
+    "random-deepcam-small": ("segmentation", 3, (16, 96, 144)),
+}
+
+
+class RandomDataset(torch.utils.data.Dataset):
+    """``length`` random (x, y) pairs: x standard normal float32, y uniform classes (int64)."""
+
+    def __init__(self, name: str, task: str, num_classes: int, shape: tuple[int, ...], length: int, seed: int) -> None:
+        if length < 1:
+            raise ValueError(f"length must be at least 1, got {length}")
+        self.shape, self.length, self.seed, self.num_classes = tuple(shape), length, seed, num_classes
+        self.segmentation = task == "segmentation"
+        self.info = {"task": task, "num_classes": num_classes, "input_shape": self.shape,
+                     "class_names": [f"class_{i}" for i in range(num_classes)], "source": name, "kind": "random",
+                     "name": name, "split": "all", "num_samples": length, "random": True,
+                     "note": f"random data of {name.removeprefix('random-')} shape: for memory and speed runs only; "
+                             "accuracy on it is meaningless"}
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, item: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= item < self.length:
+            raise IndexError(f"item {item} out of range for {self.length} samples")
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + item)
+        x = torch.randn(self.shape, generator=gen)
+        y_shape = self.shape[1:] if self.segmentation else ()
+        return x, torch.randint(self.num_classes, y_shape, generator=gen)
+
+
+def random_dataset(name: str, length: int = 1024, seed: int = 0, shape: tuple[int, ...] | None = None):
+    """A RandomDataset by name; ``shape`` overrides the per-sample input shape (e.g. a smaller DeepCAM)."""
+    if name not in RANDOM_DATASETS:
+        raise ValueError(f"unknown random data set {name!r}; choose from {sorted(RANDOM_DATASETS)}")
+    task, num_classes, default_shape = RANDOM_DATASETS[name]
+    return RandomDataset(name, task, num_classes, tuple(shape or default_shape), length, seed)
