@@ -37,7 +37,7 @@ class ResidualCNN(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Embedding, LayerNorm, Linear, GELU, dropout, and two attentions: explicit softmax and scaled_dot_product."""
+    """Embedding, LayerNorm, Linear, GELU, dropout, and two causal attentions: masked softmax and scaled_dot_product."""
 
     def __init__(self, vocab: int = 50, dim: int = 32, heads: int = 4):
         super().__init__()
@@ -56,7 +56,9 @@ class TransformerBlock(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).split(d, dim=-1)
         q, k, v = (z.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        weights = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
+        scores = q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5
+        causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)
+        weights = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1)
         explicit = self.drop(weights) @ v
         fused = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
         x = x + self.proj((explicit + fused).transpose(1, 2).reshape(b, t, d))

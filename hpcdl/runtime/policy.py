@@ -141,6 +141,10 @@ class Policy:
         """Codec configs by glob over qualified module names, e.g. ``{"encoder.*": {...}}``; first match wins."""
         return cls(PerModuleController(patterns, default), **routing)
 
+    def __getstate__(self) -> dict:
+        # Built codecs may hold native handles; a copy (e.g. in a measuring subprocess) rebuilds them.
+        return {**self.__dict__, "_codecs": {}}
+
     def codec(self, config: dict) -> Codec:
         """The codec for ``config``, built once and reused (building validates the config)."""
         if not isinstance(config, dict):

@@ -62,7 +62,7 @@ class _Entry:
 
     __slots__ = (
         "codec", "packed", "kept", "original", "lo", "hi", "dense", "footprint", "storage", "dtype", "device",
-        "row", "stats", "decoded", "decoded_version", "released", "__weakref__",
+        "row", "stats", "decoded", "decoded_layout", "released", "__weakref__",
     )
 
     def __init__(self, tensor: torch.Tensor, footprint: Footprint, dense: bool, row: Row, stats: Stats):
@@ -76,8 +76,8 @@ class _Entry:
         self.packed: Packed | None = None
         self.kept: torch.Tensor | None = None
         self.original: torch.Tensor | None = None
-        self.decoded = None
-        self.decoded_version = -1
+        self.decoded = None  # weak reference to the storage of the last decoded span
+        self.decoded_layout = None
         self.released = False
 
     def shares(self, tensor: torch.Tensor, footprint: Footprint) -> bool:
@@ -109,16 +109,21 @@ class _Entry:
         return view
 
     def _decoded_base(self) -> torch.Tensor:
-        cached = self.decoded() if self.decoded is not None else None
-        if cached is not None and cached._version == self.decoded_version:
-            return cached
+        """The decoded span: reused while a tensor unpacked from it is still alive, else decoded afresh."""
+        storage = self.decoded() if self.decoded is not None else None
+        if storage is not None:
+            size, stride = self.decoded_layout
+            return torch.empty(0, dtype=self.dtype, device=self.device).set_(storage, 0, size, stride)
         start = time.perf_counter()
         base = self.codec.decode(self.packed).contiguous()
         self.row.decode_s += time.perf_counter() - start
         if self.original is not None:
             _verify(self.codec, self.original, base)
             self.stats.verified += 1
-        self.decoded, self.decoded_version = weakref.ref(base), base._version
+        if base.storage_offset():
+            base = base.clone()
+        # A weak reference to the storage (not to `base`): the unpacked views keep the storage alive, not `base`.
+        self.decoded, self.decoded_layout = weakref.ref(base.untyped_storage()), (base.size(), base.stride())
         return base
 
     def release(self) -> None:

@@ -1,0 +1,48 @@
+"""``hpcdl batch-size``: the largest per-device batch that fits a memory budget, uncompressed and compressed."""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "batch-size",
+        help="largest batch whose measured step peak fits a budget, without and with compression",
+        description="Search measured training-step peaks (doubling, then bisection) for the largest per-device "
+        "batch within --budget, for the uncompressed baseline and for --policy, and print both with the "
+        "activation ratio and the peak ratio at the baseline's batch.",
+    )
+    parser.add_argument("--model", required=True,
+                        help="an hpcdl.models name (see `hpcdl models`) or module:function returning an nn.Module")
+    parser.add_argument("--scale", default="small", help="model scale (default: small)")
+    parser.add_argument("--batch-fn", default=None,
+                        help="module:function(batch_size, generator) -> (x, y); needed for a module:function model")
+    parser.add_argument("--budget", required=True, help="memory budget per device, e.g. 2GiB or 512MiB")
+    parser.add_argument("--policy", default="sz:rel=1e-2", help="method spec, e.g. sz:rel=1e-2, quant:bits=2, raw")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--threshold", type=int, default=None, help="bytes below which saved tensors stay as they are")
+    parser.add_argument("--limit", type=int, default=1 << 16, help="largest batch to try (default: 65536)")
+    parser.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from hpcdl import memory
+    from hpcdl.runtime.session import DEFAULT_THRESHOLD
+    from hpcdl.train.summary import human_bytes
+
+    options = dict(device=args.device, limit=args.limit,
+                   threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
+                   scale=args.scale, batch=args.batch_fn)
+    baseline = memory.search_batch(args.model, None, args.budget, **options)
+    policy = memory.search_batch(args.model, args.policy, args.budget, **options)
+    same_batch = memory.peak(memory.TrainStep(memory.Workload.of(args.model, scale=args.scale, batch=args.batch_fn),
+                                              baseline.batch_size, args.policy, args.device, options["threshold"]))
+    print(f"model {memory.Workload.of(args.model, scale=args.scale).describe()}, budget {human_bytes(baseline.budget_bytes)} "
+          f"per device ({args.device})")
+    for label, found in (("baseline", baseline), (policy.policy, policy)):
+        limit_note = f" (the --limit {args.limit}; more may fit)" if found.hit_limit else ""
+        print(f"  {label:<16} max batch {found.batch_size:>6}{limit_note}   measured peak {human_bytes(found.peak_bytes)}")
+    print(f"  batch gain       {policy.batch_size / baseline.batch_size:.2f}x")
+    print(f"  at batch {baseline.batch_size}: peak {human_bytes(baseline.peak_bytes)} -> {human_bytes(same_batch.peak_bytes)} "
+          f"(peak ratio {baseline.peak_bytes / max(same_batch.peak_bytes, 1):.2f}x), "
+          f"activation ratio {same_batch.activation_ratio:.2f}x")
+    return 0
