@@ -168,19 +168,19 @@ def test_blocks_rejects_a_model_of_another_kind():
 def test_particle_transformer_ignores_padding_and_particle_order():
     torch.manual_seed(0)
     model = models.get("particle-transformer", "tiny").eval()
-    particles = torch.randn(3, 10, 4)
-    padded = torch.cat([particles, torch.zeros(3, 7, 4)], dim=1)
+    particles = torch.randn(3, 10, 5)
+    padded = torch.cat([particles, torch.zeros(3, 7, 5)], dim=1)
     shuffled = particles[:, torch.randperm(10)]
     with torch.no_grad():
         reference = model(particles)
         torch.testing.assert_close(model(padded), reference)
         torch.testing.assert_close(model(shuffled), reference)
-        empty = model(torch.zeros(2, 5, 4))
+        empty = model(torch.zeros(2, 5, 5))
     assert torch.isfinite(empty).all(), "a jet without particles still gives finite logits"
     mask = ParticleTransformer.particle_mask(padded)
     assert mask[:, :10].all() and not mask[:, 10:].any()
     with pytest.raises(ValueError, match="particles, features"):
-        model(torch.randn(2, 4))
+        model(torch.randn(2, 5))
 
 
 def test_gpt_is_causal_and_checks_its_context():

@@ -22,7 +22,7 @@ from hpcdl.models.vision import AlexNet, ResNet, VGG16BN, VisionTransformer
 # Used only while the data package or its committed samples are not installed.
 CLIMATE_SAMPLE_FALLBACK = (6, 96, 144)
 JET_IMAGE_FALLBACK = (1, 32, 32)
-JET_CONSTITUENTS_FALLBACK = (64, 4)
+JET_CONSTITUENTS_FALLBACK = (64, 5)  # delta_eta, delta_phi, log pT, log E, mask
 DEEPCAM_INPUT = (16, 768, 1152)
 
 

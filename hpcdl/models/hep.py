@@ -77,12 +77,13 @@ class ParticleTransformer(nn.Module):
     non-zero pT), so the model is called as ``model(x)`` like every other model. Padded
     particles are masked out of every attention; the output does not depend on how much
     padding there is or on the order of the particles. Features should arrive on a
-    unit scale (the data loader normalises them); padding rows must stay exactly zero.
+    unit scale; hpcdl.data gives (delta eta, delta phi, log pT, log E, mask) per
+    particle, normalised over real particles only, so padding rows stay exactly zero.
     """
 
     def __init__(
         self,
-        num_features: int = 4,
+        num_features: int = 5,
         num_classes: int = 2,
         dim: int = 128,
         heads: int = 8,
