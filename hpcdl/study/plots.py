@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
@@ -23,6 +24,14 @@ def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plain_ticks(ax) -> None:
+    """Tick labels like 2 and 0.5 on a log x axis instead of 2x10^0; minor ones only within one decade."""
+    formatter = matplotlib.ticker.FuncFormatter(lambda value, _position: f"{value:g}")
+    ax.xaxis.set_major_formatter(formatter)
+    low, high = ax.get_xlim()
+    ax.xaxis.set_minor_formatter(formatter if high / low < 10 else matplotlib.ticker.NullFormatter())
 
 
 def _pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -62,6 +71,7 @@ def plot_pareto(summary: ModelSummary, path: Path) -> None:
         if baseline is not None:
             ax.axhline(baseline.val_metric.mean, color="black", linewidth=0.6, alpha=0.5)
         ax.set_xscale("log")
+        _plain_ticks(ax)
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"final {summary.metric_name} (mean, bars min-max over seeds)")
@@ -128,6 +138,7 @@ def plot_module_ratios(runs: list[dict], path: Path) -> bool:
     ax.set_yticklabels([f"{name} ({sizes[name] / 2**20:.1f} MiB)" for name in modules], fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
+    _plain_ticks(ax)
     ax.set_xlabel("compression ratio of the activations saved in the module (x, log)")
     ax.axvline(1, color="black", linewidth=0.6)
     ax.legend(fontsize=7, loc="lower right")

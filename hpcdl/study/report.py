@@ -64,7 +64,7 @@ def _setup(runs: list[dict]) -> list[str]:
         + f", optimizer {config['optimizer']['name']} lr {config['optimizer']['lr']:g}"
         + f", base config `{ok[0]['identity']['base_config']}`."
     ]
-    if dataset == "synthetic":
+    if dataset == "synthetic" or dataset.startswith("random-"):
         lines.append("")
         lines.append("**The data here are random inputs with random labels: the validation metric measures nothing "
                      "learnable; read this model's rows for memory and speed only.**")

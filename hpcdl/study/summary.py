@@ -89,7 +89,12 @@ def summarise_model(runs: list[dict]) -> ModelSummary:
         summary.failed = sorted({run.get("error", "") for run in mine if run["status"] == "failed"})
         done = sorted((run for run in mine if run["status"] == "ok"), key=lambda run: run["seed"])
         summary.seeds = [run["seed"] for run in done]
-        summary.activation_ratio = Spread.of([run.get("activation_ratio") for run in done])
+        # Only a codec packs what autograd saves; the baseline holds it all (1x by definition), checkpoint and
+        # offload save memory otherwise and are compared by their peak.
+        if summary.kind == "codec":
+            summary.activation_ratio = Spread.of([run.get("activation_ratio") for run in done])
+        elif summary.kind == "baseline":
+            summary.activation_ratio = Spread.of([1.0 for _ in done])
         summary.val_metric = Spread.of([final_metric(run) for run in done])
         paired = [(run, baseline[run["seed"]]) for run in done if run["seed"] in baseline]
         summary.peak_reduction = Spread.of([_ratio(base.get("peak_memory_bytes"), run.get("peak_memory_bytes"))
@@ -110,9 +115,12 @@ def summarise_model(runs: list[dict]) -> ModelSummary:
 
 
 def _hurts(changes: list[float | None], baseline: Spread | None) -> bool:
-    """Hurts: the metric fell for every seed, by more on average than the baseline's own spread across seeds."""
+    """Hurts: the metric fell for every seed, by more on average than the baseline's own spread across seeds.
+
+    Needs two seeds or more: one seed has no spread to judge a change against.
+    """
     changes = [c for c in changes if c is not None]
-    if not changes or baseline is None:
+    if len(changes) < 2 or baseline is None or baseline.n < 2:
         return False
     return all(c < 0 for c in changes) and -statistics.fmean(changes) > (baseline.high - baseline.low)
 
