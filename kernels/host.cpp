@@ -3,34 +3,85 @@
 // hpcdl/_kernels_host*.so with -ffp-contract=off. Arguments are validated in Python first.
 #include "sz_block.cuh"
 
-template <class D>
-static void sz_encode(const void* x, hp_i64 n, const HpSzParams& p, hp_i32* q, hp_u8* outlier, hp_u8* headers) {
-    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
-#pragma omp parallel for schedule(static)
-    for (hp_i64 b = 0; b < blocks; ++b)
-        hp_sz_encode_block<D>((const typename D::S*)x, n, b, p, q, outlier, headers);
+template <class D, int MODE>
+static hp_i64 sz_encode(const void* x, hp_i64 n, const HpSzParams& p, hp_i32* q, hp_u8* outlier, hp_u8* headers) {
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, outliers = 0;
+#pragma omp parallel for schedule(static) reduction(+ : outliers)
+    for (hp_i64 b = 0; b < blocks; ++b) {
+        hp_sz_encode_block<D, MODE>((const typename D::S*)x, n, b, p, q, outlier, headers);
+        int count = hp_block_count(n, b);
+        for (int i = 0; i < count; ++i) outliers += outlier[b * HPCDL_BLOCK + i];
+    }
+    return outliers;
 }
 
-template <class D>
+template <class D, int MODE>
 static void sz_decode(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n,
                       const HpSzParams& p, void* out) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
 #pragma omp parallel for schedule(static)
     for (hp_i64 b = 0; b < blocks; ++b)
-        hp_sz_decode_block<D>(headers, offsets, words, n, b, p, (typename D::S*)out);
+        hp_sz_decode_block<D, MODE>(headers, offsets, words, n, b, p, (typename D::S*)out);
+}
+
+template <class D>
+static hp_i64 sz_encode_mode(int mode, const void* x, hp_i64 n, const HpSzParams& p, hp_i32* q, hp_u8* outlier,
+                             hp_u8* headers) {
+    if (mode == HPCDL_MODE_PW_REL) return sz_encode<D, HPCDL_MODE_PW_REL>(x, n, p, q, outlier, headers);
+    return sz_encode<D, HPCDL_MODE_ABS>(x, n, p, q, outlier, headers);
+}
+
+template <class D>
+static void sz_decode_mode(int mode, const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n,
+                           const HpSzParams& p, void* out) {
+    if (mode == HPCDL_MODE_PW_REL) sz_decode<D, HPCDL_MODE_PW_REL>(headers, offsets, words, n, p, out);
+    else sz_decode<D, HPCDL_MODE_ABS>(headers, offsets, words, n, p, out);
+}
+
+// Smallest and largest finite element, in float64 (the range that `rel` scales its bound by).
+template <class D>
+static hp_i64 finite_range(const void* data, hp_i64 n, double* lowest, double* highest) {
+    const typename D::S* x = (const typename D::S*)data;
+    double lo = 1.0 / 0.0, hi = -1.0 / 0.0;
+    hp_i64 finite = 0;
+#pragma omp parallel for simd schedule(static) reduction(min : lo) reduction(max : hi) reduction(+ : finite)
+    for (hp_i64 i = 0; i < n; ++i) {
+        double v = (double)D::load(x[i]);
+        bool is_finite = v - v == 0.0;
+        double low_candidate = is_finite ? v : 1.0 / 0.0, high_candidate = is_finite ? v : -1.0 / 0.0;
+        lo = low_candidate < lo ? low_candidate : lo;
+        hi = high_candidate > hi ? high_candidate : hi;
+        finite += is_finite;
+    }
+    *lowest = lo;
+    *highest = hi;
+    return finite;
 }
 
 extern "C" {
 
-// Quantizes x (dtype code `dtype`) into codes q, outlier flags and block headers. Returns 0, or -1 for an unknown dtype.
-int hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
-                    hp_i32* q, hp_u8* outlier, hp_u8* headers) {
-    HpSzParams p = {mode, eb, inv, bound, shift};
+// Writes the smallest and largest finite element of x; returns how many elements are finite, or -1 for an unknown dtype.
+hp_i64 hpcdl_finite_range(int dtype, const void* x, hp_i64 n, double* lowest, double* highest) {
     switch (dtype) {
-        case HPCDL_DTYPE_F32: sz_encode<HpF32>(x, n, p, q, outlier, headers); return 0;
-        case HPCDL_DTYPE_F16: sz_encode<HpF16>(x, n, p, q, outlier, headers); return 0;
-        case HPCDL_DTYPE_BF16: sz_encode<HpBF16>(x, n, p, q, outlier, headers); return 0;
-        case HPCDL_DTYPE_F64: sz_encode<HpF64>(x, n, p, q, outlier, headers); return 0;
+        case HPCDL_DTYPE_F32: return finite_range<HpF32>(x, n, lowest, highest);
+        case HPCDL_DTYPE_F16: return finite_range<HpF16>(x, n, lowest, highest);
+        case HPCDL_DTYPE_BF16: return finite_range<HpBF16>(x, n, lowest, highest);
+        case HPCDL_DTYPE_F64: return finite_range<HpF64>(x, n, lowest, highest);
+    }
+    return -1;
+}
+
+
+// Quantizes x (dtype code `dtype`) into codes q, outlier flags and block headers.
+// Returns the number of outliers, or -1 for an unknown dtype.
+hp_i64 hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
+                    hp_i32* q, hp_u8* outlier, hp_u8* headers) {
+    HpSzParams p = {eb, inv, bound, shift};
+    switch (dtype) {
+        case HPCDL_DTYPE_F32: return sz_encode_mode<HpF32>(mode, x, n, p, q, outlier, headers);
+        case HPCDL_DTYPE_F16: return sz_encode_mode<HpF16>(mode, x, n, p, q, outlier, headers);
+        case HPCDL_DTYPE_BF16: return sz_encode_mode<HpBF16>(mode, x, n, p, q, outlier, headers);
+        case HPCDL_DTYPE_F64: return sz_encode_mode<HpF64>(mode, x, n, p, q, outlier, headers);
     }
     return -1;
 }
@@ -38,12 +89,12 @@ int hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, dou
 // Unpacks and dequantizes every block into out (dtype code `dtype`). Returns 0, or -1 for an unknown dtype.
 int hpcdl_sz_decode(int dtype, const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n, int mode,
                     double eb, double bound, int shift, void* out) {
-    HpSzParams p = {mode, eb, 0.0, bound, shift};
+    HpSzParams p = {eb, 0.0, bound, shift};
     switch (dtype) {
-        case HPCDL_DTYPE_F32: sz_decode<HpF32>(headers, offsets, words, n, p, out); return 0;
-        case HPCDL_DTYPE_F16: sz_decode<HpF16>(headers, offsets, words, n, p, out); return 0;
-        case HPCDL_DTYPE_BF16: sz_decode<HpBF16>(headers, offsets, words, n, p, out); return 0;
-        case HPCDL_DTYPE_F64: sz_decode<HpF64>(headers, offsets, words, n, p, out); return 0;
+        case HPCDL_DTYPE_F32: sz_decode_mode<HpF32>(mode, headers, offsets, words, n, p, out); return 0;
+        case HPCDL_DTYPE_F16: sz_decode_mode<HpF16>(mode, headers, offsets, words, n, p, out); return 0;
+        case HPCDL_DTYPE_BF16: sz_decode_mode<HpBF16>(mode, headers, offsets, words, n, p, out); return 0;
+        case HPCDL_DTYPE_F64: sz_decode_mode<HpF64>(mode, headers, offsets, words, n, p, out); return 0;
     }
     return -1;
 }

@@ -25,8 +25,8 @@ typedef long long hp_i64;
 typedef unsigned long long hp_u64;
 
 #define HPCDL_BLOCK 32
-// |q| stays below 2^30 so that a Lorenzo difference fits an int32 and its zigzag a uint32.
-#define HPCDL_MAX_Q 1073741823
+// |q| <= 2^29 (exact in float32), so a Lorenzo difference fits an int32 and its zigzag a uint32.
+#define HPCDL_MAX_Q 536870912
 // Block header byte: bits 0..5 width (0..32), bits 6..7 predictor.
 #define HPCDL_PRED_ZIGZAG 0    // u = zigzag(q)
 #define HPCDL_PRED_UNSIGNED 1  // u = q, every q >= 0 (ReLU outputs, indices)
@@ -44,40 +44,38 @@ HPCDL_HD inline hp_u32 hp_f2u(float f) {
 #if defined(__CUDA_ARCH__)
     return __float_as_uint(f);
 #else
-    hp_u32 u;
-    __builtin_memcpy(&u, &f, 4);
-    return u;
+    union { float f; hp_u32 u; } pun;  // GCC and Clang define union type punning; memcpy would block vectorizing
+    pun.f = f;
+    return pun.u;
 #endif
 }
 HPCDL_HD inline float hp_u2f(hp_u32 u) {
 #if defined(__CUDA_ARCH__)
     return __uint_as_float(u);
 #else
-    float f;
-    __builtin_memcpy(&f, &u, 4);
-    return f;
+    union { hp_u32 u; float f; } pun;
+    pun.u = u;
+    return pun.f;
 #endif
 }
 HPCDL_HD inline hp_u64 hp_d2u(double d) {
 #if defined(__CUDA_ARCH__)
     return (hp_u64)__double_as_longlong(d);
 #else
-    hp_u64 u;
-    __builtin_memcpy(&u, &d, 8);
-    return u;
+    union { double d; hp_u64 u; } pun;
+    pun.d = d;
+    return pun.u;
 #endif
 }
 HPCDL_HD inline double hp_u2d(hp_u64 u) {
 #if defined(__CUDA_ARCH__)
     return __longlong_as_double((long long)u);
 #else
-    double d;
-    __builtin_memcpy(&d, &u, 8);
-    return d;
+    union { hp_u64 u; double d; } pun;
+    pun.u = u;
+    return pun.d;
 #endif
 }
-HPCDL_HD inline float hp_ceil(float x) { return ceilf(x); }
-HPCDL_HD inline double hp_ceil(double x) { return ceil(x); }
 
 HPCDL_HD inline float hp_half_to_float(hp_u16 h) {
     hp_u32 sign = (hp_u32)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
@@ -119,6 +117,7 @@ HPCDL_HD inline hp_u16 hp_float_to_bf16(float f) {
 // S: storage type, T: compute type, UT: unsigned integer of T's width, MANTISSA: T's mantissa bits.
 
 struct HpF32 {
+    static const hp_u32 INF_BITS = 0x7f800000u;
     typedef float S; typedef float T; typedef hp_u32 UT;
     HPCDL_HD static T load(S s) { return s; }
     HPCDL_HD static S store(T t) { return t; }
@@ -126,6 +125,7 @@ struct HpF32 {
     HPCDL_HD static T from_bits(UT u) { return hp_u2f(u); }
 };
 struct HpF16 {
+    static const hp_u32 INF_BITS = 0x7f800000u;
     typedef hp_u16 S; typedef float T; typedef hp_u32 UT;
     HPCDL_HD static T load(S s) { return hp_half_to_float(s); }
     HPCDL_HD static S store(T t) { return hp_float_to_half(t); }
@@ -133,6 +133,7 @@ struct HpF16 {
     HPCDL_HD static T from_bits(UT u) { return hp_u2f(u); }
 };
 struct HpBF16 {
+    static const hp_u32 INF_BITS = 0x7f800000u;
     typedef hp_u16 S; typedef float T; typedef hp_u32 UT;
     HPCDL_HD static T load(S s) { return hp_bf16_to_float(s); }
     HPCDL_HD static S store(T t) { return hp_float_to_bf16(t); }
@@ -140,6 +141,7 @@ struct HpBF16 {
     HPCDL_HD static T from_bits(UT u) { return hp_u2f(u); }
 };
 struct HpF64 {
+    static const hp_u64 INF_BITS = 0x7ff0000000000000ull;
     typedef double S; typedef double T; typedef hp_u64 UT;
     HPCDL_HD static T load(S s) { return s; }
     HPCDL_HD static S store(T t) { return t; }
@@ -149,68 +151,71 @@ struct HpF64 {
 
 // ---------------------------------------------------------------- quantizer
 
-// Encoder parameters; `inv` and `eb_t` are float64 values the caller computed, cast to T here (round to nearest).
+// Encoder and decoder parameters; `inv` and `eb` are float64 values cast to T here (round to nearest).
+// The mode (HPCDL_MODE_ABS or HPCDL_MODE_PW_REL) is a template argument so that the element loops vectorize.
 struct HpSzParams {
-    int mode;      // HPCDL_MODE_ABS or HPCDL_MODE_PW_REL
     double eb;     // absolute bound (abs, rel)
     double inv;    // 1 / (2 eb)
     double bound;  // pw_rel bound
     int shift;     // pw_rel: low bits of |x| dropped
 };
 
-// Decoded value of code q, in compute type T. Unsigned arithmetic so that any q (even from a corrupted stream) is defined.
-template <class D>
+HPCDL_HD inline float hp_abs(float x) { return fabsf(x); }
+HPCDL_HD inline double hp_abs(double x) { return fabs(x); }
+
+// Decoded value of code q, in compute type T. Branch-free, and in unsigned arithmetic so that any q,
+// even one from a corrupted stream, is defined.
+template <class D, int MODE>
 HPCDL_HD inline typename D::T hp_sz_value(hp_i32 q, const HpSzParams& p) {
     typedef typename D::T T;
     typedef typename D::UT UT;
-    if (q == 0) return (T)0;
-    hp_u32 magnitude = q < 0 ? 0u - (hp_u32)q : (hp_u32)q;
+    hp_u32 negative = (hp_u32)q >> 31, magnitude = ((hp_u32)q ^ (0u - negative)) + negative;
     T value;
-    if (p.mode == HPCDL_MODE_PW_REL) {
+    if (MODE == HPCDL_MODE_PW_REL) {
         UT half = p.shift > 0 ? ((UT)1 << (p.shift - 1)) : (UT)0;
         value = D::from_bits((((UT)magnitude - 1) << p.shift) | half);
     } else {
-        value = (T)(2u * magnitude - 1u) * (T)p.eb;
+        value = (T)(hp_i32)(2u * magnitude - 1u) * (T)p.eb;
     }
-    return q < 0 ? -value : value;
+    value = negative ? -value : value;
+    return magnitude ? value : (T)0;
 }
 
-// Code of one element; sets *outlier when the element must be stored exactly instead:
-// NaN, +-Inf, -0.0, |q| past HPCDL_MAX_Q, or a decoded value (in the input dtype) that breaks
-// the bound, zero or sign. Outliers get code 0.
-template <class D>
-HPCDL_HD inline hp_i32 hp_sz_quantize(typename D::S stored, const HpSzParams& p, hp_u8* outlier) {
+// Code of one element before verification: sign(x) * level, or 0 for zero, NaN, +-Inf and levels past HPCDL_MAX_Q.
+template <class D, int MODE>
+HPCDL_HD inline hp_i32 hp_sz_code(typename D::T x, const HpSzParams& p) {
     typedef typename D::T T;
     typedef typename D::UT UT;
-    T x = D::load(stored);
-    double xd = (double)x;
-    *outlier = 1;
-    if (!(xd >= -1.79769313486231570e308 && xd <= 1.79769313486231570e308)) return 0;  // NaN, +-Inf
-    if (xd == 0.0) {
-        *outlier = (D::bits(x) >> (sizeof(UT) * 8 - 1)) ? 1 : 0;  // -0.0 is kept exactly
-        return 0;
-    }
-    T magnitude = x < (T)0 ? -x : x;
-    hp_i32 code;
-    double tolerance;
-    if (p.mode == HPCDL_MODE_PW_REL) {
-        UT level = (D::bits(magnitude) >> p.shift) + 1;
-        if (level > (UT)HPCDL_MAX_Q) return 0;
-        code = (hp_i32)level;
-        tolerance = p.bound * (xd < 0 ? -xd : xd);
+    T magnitude = hp_abs(x);
+    hp_i32 usable, level;
+    if (MODE == HPCDL_MODE_PW_REL) {
+        UT bits = D::bits(magnitude);
+        UT bits_level = (bits >> p.shift) + 1;
+        usable = -(hp_i32)((bits != 0) & (bits < D::INF_BITS) & (bits_level <= (UT)HPCDL_MAX_Q));
+        level = (hp_i32)bits_level;
     } else {
-        T level = hp_ceil(magnitude * (T)p.inv);
-        if (!(level <= (T)HPCDL_MAX_Q) || level < (T)1) return 0;
-        code = (hp_i32)level;
-        tolerance = p.eb;
+        // ceil(|x| / (2 eb)) lies in 1..MAX_Q exactly when 0 < |x| * inv <= MAX_Q (false for 0, NaN, Inf)
+        T scaled = magnitude * (T)p.inv;
+        usable = -(hp_i32)((scaled > (T)0) & (scaled <= (T)HPCDL_MAX_Q));
+        T in_range = usable ? scaled : (T)0;
+        hp_i32 truncated = (hp_i32)in_range;
+        level = truncated + ((T)truncated < in_range ? 1 : 0);
     }
-    if (x < (T)0) code = -code;
-    double yd = (double)D::load(D::store(hp_sz_value<D>(code, p)));
-    double error = xd - yd;
-    if (error < 0) error = -error;
-    if (!(error <= tolerance) || (xd > 0) != (yd > 0) || (xd < 0) != (yd < 0)) return 0;
-    *outlier = 0;
-    return code;
+    hp_i32 negative = x < (T)0 ? -1 : 0;
+    return ((level ^ negative) - negative) & usable;
+}
+
+// Verification in float64, as hpcdl.compress.check_bound judges: the decoded value y (already rounded to the
+// input dtype) is within the bound of x and has x's sign. Sets *q to the code or 0, and *outlier when x must be
+// stored exactly: NaN, +-Inf, -0.0, levels past HPCDL_MAX_Q, and values whose decoding breaks the bound, zero or
+// sign (rounding at bin edges, underflow, overflow, float16/bfloat16 rounding).
+template <int MODE>
+HPCDL_HD inline void hp_sz_check(double xd, double yd, hp_i32 code, bool plus_zero, const HpSzParams& p, hp_i32* q,
+                                 hp_u8* outlier) {
+    double tolerance = MODE == HPCDL_MODE_PW_REL ? p.bound * hp_abs(xd) : p.eb;
+    bool good = (code != 0) & (hp_abs(xd - yd) <= tolerance) & ((xd > 0.0) == (yd > 0.0)) & ((xd < 0.0) == (yd < 0.0));
+    *q = good ? code : 0;
+    *outlier = (hp_u8)(!good & !plus_zero);
 }
 
 // ---------------------------------------------------------------- block bit packing
@@ -228,58 +233,60 @@ HPCDL_HD inline int hp_bit_width(hp_u32 v) {
 // Header byte of one block of `count` (1..32) codes: the predictor with the smallest width (ties: zigzag, unsigned, Lorenzo,
 // so an all-zero block has header 0).
 HPCDL_HD inline hp_u8 hp_block_header(const hp_i32* q, int count) {
-    hp_u32 any_zigzag = 0, any_lorenzo = 0, any_unsigned = 0;
-    bool non_negative = true;
-    hp_i32 previous = 0;
-    for (int i = 0; i < count; ++i) {
-        hp_i32 v = q[i];
-        any_zigzag |= hp_zigzag(v);
-        any_lorenzo |= hp_zigzag((hp_i32)((hp_u32)v - (hp_u32)previous));
-        any_unsigned |= (hp_u32)v;
-        non_negative = non_negative && v >= 0;
-        previous = v;
+    hp_u32 any_zigzag = hp_zigzag(q[0]), any_lorenzo = any_zigzag, any_unsigned = (hp_u32)q[0];
+    for (int i = 1; i < count; ++i) {
+        any_zigzag |= hp_zigzag(q[i]);
+        any_lorenzo |= hp_zigzag((hp_i32)((hp_u32)q[i] - (hp_u32)q[i - 1]));
+        any_unsigned |= (hp_u32)q[i];
     }
     int w_zigzag = hp_bit_width(any_zigzag), w_lorenzo = hp_bit_width(any_lorenzo);
-    int w_unsigned = non_negative ? hp_bit_width(any_unsigned) : 64;
+    int w_unsigned = (any_unsigned >> 31) ? 64 : hp_bit_width(any_unsigned);  // bit 31 set: some q < 0
     if (w_zigzag <= w_unsigned && w_zigzag <= w_lorenzo) return (hp_u8)(w_zigzag | (HPCDL_PRED_ZIGZAG << 6));
     if (w_unsigned <= w_lorenzo) return (hp_u8)(w_unsigned | (HPCDL_PRED_UNSIGNED << 6));
     return (hp_u8)(w_lorenzo | (HPCDL_PRED_LORENZO << 6));
 }
 
+// Bit i of a word is lane i of a block. A table (not a variable shift) so the lane loops vectorize.
+#define HPCDL_LANE_BITS                                                                                             \
+    {1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,  1u << 8,  1u << 9,  1u << 10, \
+     1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15, 1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, \
+     1u << 22, 1u << 23, 1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31}
+
 // Writes the block's width words: word j holds bit j of the 32 lane values (lanes >= count are 0).
 HPCDL_HD inline void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_u32* words) {
+    const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     int width = header & 63, predictor = header >> 6;
     hp_u32 u[HPCDL_BLOCK];
-    hp_i32 previous = 0;
     for (int i = 0; i < HPCDL_BLOCK; ++i) {
-        hp_i32 v = i < count ? q[i] : 0;
-        if (i >= count) u[i] = 0;
-        else if (predictor == HPCDL_PRED_UNSIGNED) u[i] = (hp_u32)v;
-        else if (predictor == HPCDL_PRED_LORENZO) u[i] = hp_zigzag((hp_i32)((hp_u32)v - (hp_u32)previous));
-        else u[i] = hp_zigzag(v);
-        previous = v;
+        hp_i32 v = i < count ? q[i] : 0, previous = (i > 0) & (i <= count) ? q[i - 1] : 0;
+        hp_u32 lorenzo = hp_zigzag((hp_i32)((hp_u32)v - (hp_u32)previous));
+        u[i] = predictor == HPCDL_PRED_UNSIGNED ? (hp_u32)v : predictor == HPCDL_PRED_LORENZO ? lorenzo : hp_zigzag(v);
+        u[i] = i < count ? u[i] : 0u;
     }
     for (int j = 0; j < width; ++j) {
         hp_u32 word = 0;
-        for (int i = 0; i < HPCDL_BLOCK; ++i) word |= ((u[i] >> j) & 1u) << i;
+        for (int i = 0; i < HPCDL_BLOCK; ++i) word |= ((u[i] >> j) & 1u) ? lane_bit[i] : 0u;
         words[j] = word;
     }
 }
 
 // Inverse of hp_block_pack for a validated header (width <= 32, predictor 0..2); writes 32 codes.
 HPCDL_HD inline void hp_block_unpack(hp_u8 header, const hp_u32* words, hp_i32* q) {
+    const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     int width = header & 63, predictor = header >> 6;
     hp_u32 u[HPCDL_BLOCK];
     for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] = 0;
     for (int j = 0; j < width; ++j) {
-        hp_u32 word = words[j];
-        for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] |= ((word >> i) & 1u) << j;
+        hp_u32 word = words[j], plane_bit = 1u << j;
+        for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] |= (word & lane_bit[i]) ? plane_bit : 0u;
     }
-    hp_u32 previous = 0;
-    for (int i = 0; i < HPCDL_BLOCK; ++i) {
-        if (predictor == HPCDL_PRED_UNSIGNED) q[i] = (hp_i32)u[i];
-        else if (predictor == HPCDL_PRED_LORENZO) q[i] = (hp_i32)(previous += (hp_u32)hp_unzigzag(u[i]));
-        else q[i] = hp_unzigzag(u[i]);
+    if (predictor == HPCDL_PRED_UNSIGNED) {
+        for (int i = 0; i < HPCDL_BLOCK; ++i) q[i] = (hp_i32)u[i];
+    } else if (predictor == HPCDL_PRED_ZIGZAG) {
+        for (int i = 0; i < HPCDL_BLOCK; ++i) q[i] = hp_unzigzag(u[i]);
+    } else {
+        hp_u32 sum = 0;
+        for (int i = 0; i < HPCDL_BLOCK; ++i) q[i] = (hp_i32)(sum += (hp_u32)hp_unzigzag(u[i]));
     }
 }
 
@@ -290,23 +297,37 @@ HPCDL_HD inline int hp_block_count(hp_i64 n, hp_i64 block) {
     return left < HPCDL_BLOCK ? (int)left : HPCDL_BLOCK;
 }
 
-template <class D>
+// Quantizes one block: codes and decoded values in the compute type, then the float64 check.
+// Two uniform-width passes, so the host compiler vectorizes both.
+template <class D, int MODE>
 HPCDL_HD inline void hp_sz_encode_block(const typename D::S* x, hp_i64 n, hp_i64 block, const HpSzParams& p,
                                         hp_i32* q, hp_u8* outlier, hp_u8* headers) {
+    typedef typename D::T T;
     hp_i64 start = block * HPCDL_BLOCK;
     int count = hp_block_count(n, block);
-    for (int i = 0; i < count; ++i) q[start + i] = hp_sz_quantize<D>(x[start + i], p, &outlier[start + i]);
+    T xs[HPCDL_BLOCK], ys[HPCDL_BLOCK];
+    hp_i32 codes[HPCDL_BLOCK], plus_zero[HPCDL_BLOCK];
+    for (int i = 0; i < count; ++i) {
+        xs[i] = D::load(x[start + i]);
+        plus_zero[i] = D::bits(xs[i]) == 0;
+        codes[i] = hp_sz_code<D, MODE>(xs[i], p);
+        ys[i] = D::load(D::store(hp_sz_value<D, MODE>(codes[i], p)));
+    }
+    const HpSzParams local = p;  // the byte stores to outlier[] may alias p; a local copy may not
+    for (int i = 0; i < count; ++i)
+        hp_sz_check<MODE>((double)xs[i], (double)ys[i], codes[i], plus_zero[i] != 0, local, &q[start + i],
+                          &outlier[start + i]);
     headers[block] = hp_block_header(q + start, count);
 }
 
-template <class D>
+template <class D, int MODE>
 HPCDL_HD inline void hp_sz_decode_block(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n,
                                         hp_i64 block, const HpSzParams& p, typename D::S* out) {
     hp_i32 q[HPCDL_BLOCK];
     hp_block_unpack(headers[block], words + offsets[block], q);
     hp_i64 start = block * HPCDL_BLOCK;
     int count = hp_block_count(n, block);
-    for (int i = 0; i < count; ++i) out[start + i] = D::store(hp_sz_value<D>(q[i], p));
+    for (int i = 0; i < count; ++i) out[start + i] = D::store(hp_sz_value<D, MODE>(q[i], p));
 }
 
 HPCDL_HD inline void hp_header_block(const hp_i32* q, hp_i64 n, hp_i64 block, hp_u8* headers) {

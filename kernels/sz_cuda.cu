@@ -12,16 +12,18 @@
                                                         hp_u8* headers) {                                            \
         hp_i64 b = HPCDL_BLOCK_INDEX;                                                                                \
         if (b >= HPCDL_BLOCKS(n)) return;                                                                            \
-        HpSzParams p = {mode, eb, inv, bound, shift};                                                                \
-        hp_sz_encode_block<TYPE>(x, n, b, p, q, outlier, headers);                                                   \
+        HpSzParams p = {eb, inv, bound, shift};                                                                      \
+        if (mode == HPCDL_MODE_PW_REL) hp_sz_encode_block<TYPE, HPCDL_MODE_PW_REL>(x, n, b, p, q, outlier, headers); \
+        else hp_sz_encode_block<TYPE, HPCDL_MODE_ABS>(x, n, b, p, q, outlier, headers);                              \
     }                                                                                                                \
     extern "C" __global__ void hpcdl_sz_decode_##SUFFIX(const hp_u8* headers, const hp_i64* offsets,                 \
                                                         const hp_u32* words, hp_i64 n, int mode, double eb,          \
                                                         double bound, int shift, TYPE::S* out) {                     \
         hp_i64 b = HPCDL_BLOCK_INDEX;                                                                                \
         if (b >= HPCDL_BLOCKS(n)) return;                                                                            \
-        HpSzParams p = {mode, eb, 0.0, bound, shift};                                                                \
-        hp_sz_decode_block<TYPE>(headers, offsets, words, n, b, p, out);                                             \
+        HpSzParams p = {eb, 0.0, bound, shift};                                                                      \
+        if (mode == HPCDL_MODE_PW_REL) hp_sz_decode_block<TYPE, HPCDL_MODE_PW_REL>(headers, offsets, words, n, b, p, out); \
+        else hp_sz_decode_block<TYPE, HPCDL_MODE_ABS>(headers, offsets, words, n, b, p, out);                        \
     }
 
 HPCDL_SZ_KERNELS(f32, HpF32)

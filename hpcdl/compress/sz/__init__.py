@@ -105,10 +105,13 @@ class Sz(Codec):
         kernels = backend_module(backend, tensor.device)
         x = tensor.detach().contiguous().reshape(-1)
         n = x.numel()
-        params = SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, x)
+        params = SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, x, kernels.value_range)
         q, outlier, headers = kernels.sz_encode(x, params)
         offsets, n_words = word_offsets(headers)
-        indices = torch.nonzero(outlier).reshape(-1)
+        if outlier is None:
+            indices = torch.empty(0, dtype=torch.int64, device=x.device)
+        else:
+            indices = torch.nonzero(outlier).reshape(-1)
         layout = Layout(n, n_words, indices.numel(), x.element_size())
         if layout.total > raw_payload_size(n, x.dtype):
             flags, n_words, layout = FLAG_RAW, 0, Layout(n, 0, 0, x.element_size())

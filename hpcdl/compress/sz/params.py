@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcdl.compress.base import ErrorBound
+from hpcdl.compress.base import value_range
 
 MODE_CODES = {"abs": 0, "rel": 1, "pw_rel": 2}
 CODE_MODES = {code: mode for mode, code in MODE_CODES.items()}
 KERNEL_MODE_ABS = 0  # abs and rel
 KERNEL_MODE_PW_REL = 2
 MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7, torch.float64: 52}
-MAX_Q = 2**30 - 1
+MAX_Q = 2**29  # |q| <= 2^29 keeps Lorenzo differences in int32 (kernels/sz_block.cuh)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -60,7 +60,8 @@ class SzParams:
         return 1.0 / (2.0 * self.eb) if self.eb > 0 else math.inf
 
     @classmethod
-    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor) -> "SzParams":
+    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor, value_range=value_range) -> "SzParams":
+        """Parameters for ``tensor``; ``value_range`` may be a faster implementation of the same function."""
         if mode == "pw_rel":
             return cls(mode, bound, 0.0, pw_rel_shift(tensor.dtype, bound))
-        return cls(mode, bound, ErrorBound(mode, bound).absolute(tensor), 0)
+        return cls(mode, bound, bound if mode == "abs" else bound * value_range(tensor), 0)

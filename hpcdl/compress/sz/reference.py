@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from hpcdl.compress.base import value_range
 from hpcdl.compress.sz.params import KERNEL_MODE_PW_REL, MAX_Q, SzParams, compute_dtype
 from hpcdl.compress.sz.stream import BLOCK, block_count
+
+__all__ = ["block_headers", "checksum", "pack", "sz_decode", "sz_encode", "unpack", "value_range"]
 
 PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO = 0, 1, 2
 _CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
@@ -49,7 +52,7 @@ def value_of(q: torch.Tensor, dtype: torch.dtype, params: SzParams) -> torch.Ten
         bits = ((magnitude - 1).clamp(min=0) << params.shift) | half
         value = bits.to(_INT_OF[compute]).view(compute)
     else:
-        value = (2 * magnitude - 1).to(compute) * torch.tensor(params.eb, dtype=torch.float64).to(compute)
+        value = _wrap32(2 * magnitude - 1).to(compute) * torch.tensor(params.eb, dtype=torch.float64).to(compute)
     value = torch.where(q < 0, -value, value)
     return torch.where(q == 0, torch.zeros_like(value), value).to(dtype)
 
@@ -70,10 +73,9 @@ def quantize(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Ten
         usable = level <= MAX_Q
         tolerance = params.bound * xd.abs()
     else:
-        inv = torch.tensor(params.inv, dtype=torch.float64).to(compute)
-        level_t = torch.ceil(magnitude * inv)
-        usable = (level_t <= MAX_Q) & (level_t >= 1)
-        level = torch.where(usable, level_t, torch.zeros_like(level_t)).to(torch.int64)
+        scaled = magnitude * torch.tensor(params.inv, dtype=torch.float64).to(compute)
+        usable = (scaled > 0) & (scaled <= MAX_Q)  # exactly when 1 <= ceil(scaled) <= MAX_Q
+        level = torch.ceil(torch.where(usable, scaled, torch.zeros_like(scaled))).to(torch.int64)
         tolerance = torch.full_like(xd, params.eb)
     finite, zero = torch.isfinite(xd), xd == 0
     usable &= finite & ~zero
@@ -122,10 +124,10 @@ def block_headers(q: torch.Tensor) -> torch.Tensor:
     return (width | (predictor << 6)).to(torch.uint8)
 
 
-def sz_encode(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Codes, outlier flags and block headers of a flat float tensor."""
+def sz_encode(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Codes, outlier flags (None when there are none) and block headers of a flat float tensor."""
     q, outlier = quantize(x, params)
-    return q, outlier, block_headers(q)
+    return q, outlier if bool(outlier.any()) else None, block_headers(q)
 
 
 def pack(q: torch.Tensor, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor) -> None:
