@@ -6,8 +6,8 @@ JHEP 07 (2016) 069): in (eta, phi) relative to the jet,
 1. translate so that the pT-weighted centroid is at the origin;
 2. rotate so that the principal axis of the pT-weighted second-moment tensor points along +eta
    (the two-prong axis of a W jet);
-3. flip (parity) so that the pT-weighted third moment along each axis is positive — the harder
-   prong to the right and more radiation above;
+3. flip (parity) so that along each axis the positive half holds more pT than the negative
+   half — the harder prong to the right, more radiation above;
 4. pixelate on a ``size x size`` grid spanning ``[-R, R]`` in both directions, each pixel holding
    the pT fraction of the jet that falls in it (particles outside the grid are dropped).
 
@@ -47,8 +47,8 @@ def centred_coordinates(jet: JetParticles) -> np.ndarray:
         cos, sin = major
         rotation = np.array([[cos, sin], [-sin, cos]])  # maps the major axis onto +eta
         coords = coords @ rotation.T
-    skew = weights @ coords**3
-    coords = coords * np.where(skew < 0, -1.0, 1.0)
+    balance = weights @ np.sign(coords)  # pT fraction right minus left (eta), above minus below (phi)
+    coords = coords * np.where(balance < 0, -1.0, 1.0)
     return coords
 
 

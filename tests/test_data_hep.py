@@ -1,0 +1,160 @@
+"""HEP data: jet-image and constituent preprocessing on FastJet jets built from constructed particles,
+the HDF5 writer and loader, the Pythia-free import, and the committed sample (when present)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import fastjet
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from hpcdl.data import LabelRangeError, load_dataset, read_manifest, verify_checksums
+from hpcdl.data.manifest import write_manifest
+from hpcdl_datasets.hep import HEPSettings, JetParticles, centred_coordinates, constituent_array, jet_image
+from hpcdl_datasets.hep.generate import CLASS_NAMES, JetWriter, import_pythia
+from hpcdl_datasets.hep.preprocess import particles_of
+
+
+def _pseudojet(pt, eta, phi):
+    mass = 0.14
+    px, py = pt * np.cos(phi), pt * np.sin(phi)
+    pz = pt * np.sinh(eta)
+    return fastjet.PseudoJet(px, py, pz, np.sqrt(px**2 + py**2 + pz**2 + mass**2))
+
+
+def _two_prong_jet(rng, axis_eta=0.7, axis_phi=3.0, angle=0.9):
+    """A W-like jet: a hard (250 GeV) and a soft (120 GeV) prong 0.4 apart, plus diffuse radiation,
+    built in the jet's own frame and then rotated by ``angle`` and moved to (axis_eta, axis_phi)."""
+    local, pts = [], []
+    for offset, total in ((0.15, 250.0), (-0.25, 120.0)):
+        for share in rng.dirichlet(np.ones(6)) * total:
+            local.append(np.array([offset, 0.0]) + rng.normal(0, 0.01, 2))
+            pts.append(share)
+    for _ in range(10):
+        local.append(rng.normal(0, 0.15, 2))
+        pts.append(1.0)
+    cos, sin = np.cos(angle), np.sin(angle)
+    placed = np.array(local) @ np.array([[cos, sin], [-sin, cos]]) + [axis_eta, axis_phi]
+    particles = [_pseudojet(pt, eta, phi) for pt, (eta, phi) in zip(pts, placed)]
+    cluster = fastjet.ClusterSequence(particles, fastjet.JetDefinition(fastjet.antikt_algorithm, 0.8))
+    jets = fastjet.sorted_by_pt(cluster.inclusive_jets(50.0))
+    return jets[0], cluster
+
+
+def test_jet_image_is_centred_rotated_and_flipped():
+    rng = np.random.default_rng(0)
+    for angle, axis_phi in ((0.9, 3.0), (-2.0, -3.1), (2.5, 0.2)):  # includes a jet across phi = +-pi
+        jet, _cluster = _two_prong_jet(rng, angle=angle, axis_phi=axis_phi)
+        particles = particles_of(jet)
+        assert len(particles.pt) == 22
+        coords = centred_coordinates(particles)
+        weights = particles.pt / particles.pt.sum()
+        assert np.allclose(weights @ coords, 0.0, atol=1e-9)  # centroid at the origin
+        assert abs(weights @ (coords[:, 0] * coords[:, 1])) < 1e-9  # principal axes along eta and phi
+        assert weights @ coords[:, 0] ** 2 > weights @ coords[:, 1] ** 2  # major axis along eta
+        image = jet_image(particles, size=32, radius=0.8)
+        assert image.shape == (32, 32) and image.dtype == np.float32
+        assert abs(image.sum() - 1.0) < 1e-5  # every particle inside the window, pT fractions sum to 1
+        rows, cols = np.nonzero(image > 0.05)
+        assert set(rows) <= {15, 16}  # both prongs on the middle rows: the axis is horizontal
+        hardest = np.unravel_index(np.argmax(image), image.shape)
+        assert hardest[1] >= 16  # the hard prong sits to the right after the flip
+
+
+def test_image_is_invariant_to_where_the_jet_points_and_to_its_orientation():
+    base, _c1 = _two_prong_jet(np.random.default_rng(5), axis_eta=0.0, axis_phi=0.0, angle=0.3)
+    moved, _c2 = _two_prong_jet(np.random.default_rng(5), axis_eta=-1.2, axis_phi=2.9, angle=2.0)
+    first, second = jet_image(particles_of(base)), jet_image(particles_of(moved))
+    assert np.abs(first - second).sum() < 0.05
+
+
+def test_constituent_array_sorts_pads_and_truncates():
+    particles = JetParticles(pt=np.array([5.0, 50.0, 20.0]), eta=np.array([0.1, 0.2, 0.3]),
+                             phi=np.array([1.0, 1.1, 1.2]), energy=np.array([6.0, 60.0, 21.0]), jet_eta=0.2, jet_phi=1.1)
+    rows, count = constituent_array(particles, max_particles=4)
+    assert count == 3 and rows.shape == (4, 4)
+    assert rows[:3, 0].tolist() == [50.0, 20.0, 5.0] and not rows[3].any()
+    rows, count = constituent_array(particles, max_particles=2)
+    assert count == 2 and rows[:, 0].tolist() == [50.0, 20.0]
+
+
+@pytest.fixture(scope="module")
+def hep_dir(tmp_path_factory):
+    """A small HEP file of constructed jets written by the generator's writer: 12 jets, 2 classes."""
+    out = tmp_path_factory.mktemp("hep")
+    settings = HEPSettings(image_size=16, max_particles=32)
+    writer = JetWriter(out / "jets.h5", settings)
+    rng = np.random.default_rng(1)
+    keep = []
+    for i in range(12):
+        jet, cluster = _two_prong_jet(rng, angle=rng.uniform(-3, 3), axis_phi=rng.uniform(-3, 3))
+        keep.append(cluster)
+        particles = particles_of(jet)
+        rows, count = constituent_array(particles, settings.max_particles)
+        writer.append(jet_image(particles, settings.image_size), rows, count, i % 2, jet)
+    normalization = writer.normalization()
+    writer.close()
+    write_manifest(out, name="hep", kind="hep-hdf5", task="classification", class_names=list(CLASS_NAMES),
+                   sample_shape={"images": [1, 16, 16], "constituents": [32, 4]}, seed=0,
+                   generator={"module": "test"}, files=[(out / "jets.h5", 12)], normalization=normalization)
+    return out
+
+
+def test_hep_loader_images_and_constituents(hep_dir):
+    images = load_dataset(hep_dir, "train", features="images")
+    val = load_dataset(hep_dir, "val", features="images")
+    assert len(images) + len(val) == 12
+    x, y = images[0]
+    assert x.shape == (1, 16, 16) and x.dtype == torch.float32 and y.dtype == torch.int64 and y.shape == ()
+    assert images.info["input_shape"] == (1, 16, 16) and images.info["task"] == "classification"
+    constituents = load_dataset(hep_dir, "all", features="constituents")
+    x, y = constituents[3]
+    assert x.shape == (32, 5) and constituents.info["feature_names"][-1] == "mask"
+    count = int(x[:, 4].sum())
+    assert count == 22 and not x[count:].any()  # padding rows are exactly zero
+    stacked = torch.cat([constituents[i][0][:22, :4] for i in range(12)])
+    assert torch.allclose(stacked.mean(dim=0), torch.zeros(4), atol=1e-4)  # normalised over real particles
+    with h5py.File(hep_dir / "jets.h5") as h5:
+        assert h5["images"].compression == "gzip" and h5["constituents"].chunks[0] == 256
+        raw = load_dataset(hep_dir, "all", normalize=False)[5][0][0].numpy()
+        assert np.array_equal(raw, h5["images"][5])
+    with pytest.raises(ValueError, match="features must be one of"):
+        load_dataset(hep_dir, features="towers")
+
+
+def test_hep_label_out_of_range(hep_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "hep"
+    shutil.copytree(hep_dir, copy)
+    with h5py.File(copy / "jets.h5", "a") as h5:
+        h5["labels"][4] = 5
+    manifest = read_manifest(copy)
+    write_manifest(copy, name=manifest.name, kind=manifest.kind, task=manifest.task, class_names=manifest.class_names,
+                   sample_shape=manifest.sample_shape, seed=0, generator={}, files=[(copy / "jets.h5", 12)],
+                   normalization=manifest.normalization)
+    data = load_dataset(copy, "all")
+    with pytest.raises(LabelRangeError, match="jets.h5.*sample 4 has label 5"):
+        data[4]
+
+
+def test_generator_module_imports_without_pythia_and_says_what_to_install():
+    if importlib.util.find_spec("pythia8mc") is not None:
+        assert import_pythia().__name__ == "pythia8mc"
+        return
+    with pytest.raises(ImportError, match="pip install pythia8mc"):
+        import_pythia()
+
+
+def test_committed_hep_sample_matches_its_manifest():
+    try:
+        data = load_dataset("hep-sample", "all")
+    except FileNotFoundError:
+        pytest.skip("the HEP sample is generated with Pythia 8 and committed separately")
+    manifest = read_manifest(data.info["source"])
+    assert verify_checksums(manifest) == 1
+    labels = h5py.File(manifest.file_paths()[0])["labels"][:]
+    assert set(np.unique(labels)) == {0, 1} and abs(labels.mean() - 0.5) < 0.01
