@@ -1,0 +1,117 @@
+"""``int``: exact compression of integer tensors (max-pool indices, token ids, labels).
+
+The same block machinery as ``sz`` (hpcdl/compress/sz: kernels/sz_block.cuh on
+host and GPU): values become int32 codes, each 32-element block takes the
+narrowest of zigzag, unsigned or 1-D Lorenzo (delta) prediction, and is
+bit-packed at its own width. Deltas wrap modulo 2^32, so every int32 sequence
+round-trips. int64 is split into two int32 code sequences, the low words then
+the high words: indices and small values leave the high half all-zero blocks
+that cost one byte per 32 elements. Stream format: docs/format.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hpcdl.compress.base import Codec, Packed
+from hpcdl.compress.errors import CodecError
+from hpcdl.compress.registry import register_codec
+from hpcdl.compress.sz import backend_module
+from hpcdl.compress.sz.stream import (
+    BLOCK,
+    Layout,
+    check_payload_length,
+    raw_payload_size,
+    read_stream_header,
+    validate_block_headers,
+    word_offsets,
+    write_stream_header,
+)
+
+INT_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
+FIELDS = "BBQQ"  # flags, block size, words, payload checksum
+FLAG_RAW = 1
+
+
+def to_codes(flat: torch.Tensor) -> torch.Tensor:
+    """int32 codes of a flat integer tensor: the values, or for int64 the low then the high 32-bit words."""
+    if flat.dtype != torch.int64:
+        return flat.to(torch.int32)
+    low = ((flat & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000  # the low word as a signed int32 value
+    return torch.cat([low, flat >> 32]).to(torch.int32)
+
+
+def from_codes(codes: torch.Tensor, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    if dtype != torch.int64:
+        return codes.to(dtype)
+    wide = codes.to(torch.int64)
+    return (wide[numel:] << 32) | (wide[:numel] & 0xFFFFFFFF)
+
+
+def code_count(numel: int, dtype: torch.dtype) -> int:
+    return 2 * numel if dtype == torch.int64 else numel
+
+
+@register_codec
+class IntCodec(Codec):
+    """Lossless block codec for integer tensors: ``get_codec({"id": "int"})``."""
+
+    codec_id = "int"
+    modes = ("lossless",)
+    dtypes = INT_DTYPES
+    lossless = True
+
+    def get_config(self) -> dict:
+        return {"id": self.codec_id}
+
+    def _encode(self, tensor: torch.Tensor) -> Packed:
+        return self.encode_with(tensor, "auto")
+
+    def _decode(self, packed: Packed) -> torch.Tensor:
+        return self.decode_with(packed, "auto")
+
+    def encode_with(self, tensor: torch.Tensor, backend: str) -> Packed:
+        """Encode with a chosen implementation ("reference", "host", "cuda" or "auto")."""
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in self.dtypes:
+            return self.encode(tensor)  # raises the contract's TypeError
+        kernels = backend_module(backend, tensor.device)
+        flat = tensor.detach().contiguous().reshape(-1)
+        codes = to_codes(flat)
+        headers = kernels.block_headers(codes)
+        offsets, n_words = word_offsets(headers)
+        layout = Layout(codes.numel(), n_words, 0, 0)
+        if layout.total > raw_payload_size(flat.numel(), flat.dtype):
+            flags, n_words = FLAG_RAW, 0
+            data = torch.zeros(raw_payload_size(flat.numel(), flat.dtype), dtype=torch.uint8, device=flat.device)
+            data[: flat.numel() * flat.element_size()] = flat.view(torch.uint8)
+        else:
+            flags = 0
+            data = torch.zeros(layout.total, dtype=torch.uint8, device=flat.device)
+            layout.headers(data).copy_(headers)
+            kernels.pack(codes, headers, offsets, layout.words(data))
+        header = write_stream_header(self.codec_id, tensor.dtype, tensor.shape, FIELDS, flags, BLOCK, n_words,
+                                     kernels.checksum(data))
+        return Packed(header, data)
+
+    def decode_with(self, packed: Packed, backend: str) -> torch.Tensor:
+        """Decode with a chosen implementation."""
+        if not isinstance(packed, Packed):
+            raise TypeError(f"int decodes a Packed, got {type(packed).__name__}")
+        header = read_stream_header(packed.header, self.codec_id, FIELDS)
+        flags, block, n_words, expected_sum = header.fields
+        dtype, numel = header.dtype, header.numel
+        if dtype not in INT_DTYPES or flags not in (0, FLAG_RAW) or block != BLOCK:
+            raise CodecError(f"int packed header has impossible fields {header.fields} for {dtype}: corrupted")
+        layout = Layout(code_count(numel, dtype), n_words, 0, 0)
+        data = packed.data
+        check_payload_length(data, raw_payload_size(numel, dtype) if flags == FLAG_RAW else layout.total, self.codec_id)
+        kernels = backend_module(backend, data.device)
+        if kernels.checksum(data) != expected_sum:
+            raise CodecError("int payload fails its checksum: the packed data is corrupted")
+        if flags == FLAG_RAW:
+            return data[: numel * dtype.itemsize].clone().view(dtype).reshape(header.shape)
+        headers = layout.headers(data)
+        validate_block_headers(headers, n_words, self.codec_id)
+        offsets, _ = word_offsets(headers)
+        codes = kernels.unpack(headers, offsets, layout.words(data), layout.numel)
+        return from_codes(codes, dtype, numel).reshape(header.shape)
