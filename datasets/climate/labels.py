@@ -10,7 +10,7 @@ the candidate, the region with height below ``minimum + closed_contour_m`` (conn
 minimum) must stay inside a disk of ``max_radius_km``. If it does, that region is the cyclone's
 footprint; if it leaks out of the disk the vortex is not closed and is rejected.
 
-ARs (after TECA's IVT-threshold detectors): the moisture transport ``|q V|`` above
+ARs (after TECA's IVT-threshold detectors): the meridional moisture transport ``|q v|`` above
 ``transport_min`` forms connected regions (8-connected, periodic in longitude); a region is an AR
 if its length along its principal axis is at least ``min_length_km`` and its length/width ratio
 (width = area / length) is at least ``min_aspect``. Cyclone pixels take precedence over AR pixels.
@@ -31,11 +31,11 @@ CLASS_NAMES = ("background", "cyclone", "atmospheric_river")
 class LabelParams:
     """Thresholds of the heuristic (SI units, distances in km)."""
 
-    vorticity_min: float = 2.0e-5  # 1/s, low-level cyclonic relative vorticity
+    vorticity_min: float = 1.2e-5  # 1/s, low-level cyclonic relative vorticity
     search_radius_km: float = 400.0  # a candidate is the strongest maximum within this radius
-    closed_contour_m: float = 20.0  # height rise that must enclose the centre (TECA: 2 hPa of SLP)
-    max_radius_km: float = 800.0  # the closed contour must lie within this radius
-    transport_min: float = 0.16  # (kg/kg)(m/s), moisture transport threshold (TECA: IVT 250 kg/m/s)
+    closed_contour_m: float = 8.0  # height rise that must enclose the centre (TECA: 2 hPa of SLP)
+    max_radius_km: float = 1000.0  # the closed contour must lie within this radius
+    transport_min: float = 0.12  # (kg/kg)(m/s), |q v| threshold (TECA: IVT 250 kg/m/s); ~90th percentile
     min_length_km: float = 1500.0
     min_aspect: float = 2.0
 
@@ -129,7 +129,7 @@ def label_snapshot(vorticity: np.ndarray, height: np.ndarray, moisture: np.ndarr
     """(ny, nx) uint8 labels of one snapshot; all fields (ny, nx) with x periodic, grid spacing ``dx_km``."""
     ny, nx = vorticity.shape
     labels = np.zeros((ny, nx), dtype=np.uint8)
-    transport = moisture * np.hypot(u, v)
+    transport = np.abs(moisture * v)  # meridional: the mean zonal wind would flag the whole moist side
     for component in connected_components(transport > params.transport_min, periodic_x=True):
         length, width = _length_and_width_px(component, nx)
         if length * dx_km >= params.min_length_km and length / width >= params.min_aspect:

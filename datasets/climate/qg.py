@@ -41,13 +41,13 @@ class QGParams:
 
     ny: int = 96  # grid points in y ("latitude")
     nx: int = 144  # grid points in x ("longitude")
-    ly_m: float = 6.0e6  # domain size in y, m
-    lx_m: float = 9.0e6  # domain size in x, m
-    rd_m: float = 4.0e5  # first baroclinic deformation radius, m
+    ly_m: float = 8.0e6  # domain size in y, m
+    lx_m: float = 1.2e7  # domain size in x, m
+    rd_m: float = 3.0e5  # first baroclinic deformation radius, m
     delta: float = 1.0  # H1 / H2
-    u1: float = 10.0  # upper-layer imposed zonal wind, m/s
+    u1: float = 9.0  # upper-layer imposed zonal wind, m/s
     u2: float = 0.0  # lower-layer imposed zonal wind, m/s
-    beta: float = 1.6e-11  # meridional gradient of the Coriolis parameter, 1/(m s)
+    beta: float = 2.4e-11  # meridional gradient of the Coriolis parameter, 1/(m s)
     f0: float = 1.0e-4  # Coriolis parameter at the domain centre, 1/s
     r_ek: float = 1.0 / (2 * 86400.0)  # bottom (Ekman) drag rate, 1/s
     thermal_damping_s: float = 3 * 86400.0  # Newtonian relaxation time of the eddy thickness (temperature)

@@ -36,6 +36,14 @@ def register(subparsers) -> None:
     info.add_argument("--features", choices=("images", "constituents"), default=None, help="HEP input features")
     info.set_defaults(handler=_info)
 
+    bench = commands.add_parser("bench", help="measure how fast a rank's ShardedLoader delivers batches")
+    bench.add_argument("dataset")
+    bench.add_argument("--features", choices=("images", "constituents"), default=None)
+    bench.add_argument("--batch", type=int, default=8)
+    bench.add_argument("--prefetch", type=int, default=2)
+    bench.add_argument("--world-size", type=int, default=1, help="shard as rank 0 of this many")
+    bench.set_defaults(handler=_bench)
+
     convert = commands.add_parser("to-deepcam", help="write a climate data set in DeepCAM's HDF5 layout")
     convert.add_argument("dataset", help="climate data set directory or 'climate-sample'")
     convert.add_argument("--out", required=True)
@@ -83,6 +91,25 @@ def _info(args) -> int:
         print(f"{split}: {len(data)} samples of x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)} {y.dtype}; "
               f"{info['task']}, classes {info['class_names']}")
     print(f"source: {info['source']}")
+    return 0
+
+
+def _bench(args) -> int:
+    import time
+
+    from hpcdl.data import ShardedLoader, load_dataset
+
+    data = load_dataset(args.dataset, "all", features=args.features)
+    loader = ShardedLoader(data, args.batch, rank=0, world_size=args.world_size, prefetch=args.prefetch)
+    began = time.perf_counter()
+    samples = nbytes = 0
+    for x, y in loader:
+        samples += len(x)
+        nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+    seconds = time.perf_counter() - began
+    print(f"{args.dataset}: {samples} samples in {len(loader)} batches of {args.batch} (rank 0 of "
+          f"{args.world_size}, prefetch {args.prefetch}) in {seconds:.2f} s: {samples / seconds:.0f} samples/s, "
+          f"{nbytes / seconds / 2**20:.1f} MiB/s of tensors")
     return 0
 
 

@@ -146,7 +146,6 @@ def read_manifest(path: str | Path) -> Manifest:
     if len(body["class_names"]) != body["num_classes"]:
         raise MalformedFileError(path, "num_classes differs from the number of class_names")
     extra = {key: value for key, value in body.items() if key not in _REQUIRED}
-    extra.pop("format", None)
     return Manifest(root=path.parent, name=body["name"], kind=body["kind"], task=body["task"],
                     num_classes=int(body["num_classes"]), class_names=list(body["class_names"]),
                     sample_shape=body["sample_shape"], count=int(body["count"]), seed=int(body["seed"]),

@@ -4,12 +4,16 @@ A reader validates every file's metadata when it is made (variables present, sha
 the manifest declares: cheap, no data read) and then reads one sample per ``read(index)`` call,
 never a whole file. File handles are opened on first use and cached per process: a handle
 inherited through ``fork`` (a DataLoader worker, an MPI launcher) is never reused, because
-HDF5/netCDF handles are not fork-safe; the child opens its own.
+HDF5/netCDF handles are not fork-safe; the child opens its own. Within a process, all library
+calls go through one lock: the HDF5 library under h5py and netCDF4 is not built thread-safe, and a
+prefetch thread may read the training set while the main thread reads the validation set (HDF5
+serialises its calls anyway, so the lock costs no parallelism).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from bisect import bisect_right
 from pathlib import Path
 
@@ -17,7 +21,7 @@ import numpy as np
 
 from .errors import DataError, LabelRangeError, MalformedFileError, ShapeError, TruncatedFileError
 
-CONSTITUENT_FIELDS = ("pt", "eta", "phi", "energy")
+_LIBRARY_LOCK = threading.RLock()
 
 
 def _open_error(path: Path, err: Exception, kind: str) -> DataError:
@@ -72,7 +76,8 @@ class FileReader:
         """Call ``read_row(handle, row)``; turn a library failure mid-file into a named error."""
         file_index, row = self.locate(index)
         try:
-            x, y = read_row(self.handle(file_index), row)
+            with _LIBRARY_LOCK:
+                x, y = read_row(self.handle(file_index), row)
         except (OSError, RuntimeError) as err:
             raise _open_error(self.paths[file_index], err, self.kind) from None
         self.check_labels(np.asarray(y), file_index, row)
