@@ -127,6 +127,10 @@ def test_auto_picks_horovod_only_when_installed_and_several_ranks():
     assert resolve("auto", single, horovod_available=True) == "none"
     assert resolve("auto", two, horovod_available=True) == "horovod"
     assert resolve("auto", two, horovod_available=False) == "torch"
+    assert resolve("auto", distributed.WorldInfo("horovodrun", 0, 2, 0), horovod_available=True) == "horovod"
+    # srun without a PMI plugin or torchrun: Horovod's MPI would not see the other ranks.
+    assert resolve("auto", distributed.WorldInfo("slurm", 0, 2, 0), horovod_available=True) == "torch"
+    assert resolve("auto", distributed.WorldInfo("torchrun", 0, 2, 0), horovod_available=True) == "torch"
     assert resolve("torch", single, horovod_available=True) == "torch"
     assert resolve("horovod", single, horovod_available=False) == "horovod"  # import_horovod then explains
 

@@ -339,16 +339,17 @@ def import_horovod():
 def resolve_backend_name(name: str, world: WorldInfo, horovod_available: bool) -> str:
     """The concrete backend ("horovod" | "torch" | "none") that ``init_backend(name)`` starts for ``world``.
 
-    "auto" picks Horovod when it is installed and the launcher started more than one rank (mpirun, srun
-    or horovodrun), torch.distributed when there are several ranks without Horovod, and "none" for a
-    single process.
+    "auto" picks Horovod when it is installed and more than one rank was started by an MPI launcher
+    (mpirun, or srun with a PMI plugin) or horovodrun, which is what Horovod needs to see every rank;
+    torch.distributed for several ranks otherwise (srun without MPI, torchrun, or no Horovod); "none"
+    for a single process.
     """
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown distributed backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
         if world.size <= 1:
             return "none"
-        return "horovod" if horovod_available else "torch"
+        return "horovod" if horovod_available and world.launcher in ("mpi", "horovodrun") else "torch"
     if name == "none" and world.size > 1:
         raise ValueError(
             f"distributed backend 'none' but {world.launcher} started {world.size} ranks; "
