@@ -261,6 +261,7 @@ class _Child:
         if self.process.poll() is None:
             self.process.stdin.close()
             self.process.wait()
+        self.process.stdout.close()  # else a ResourceWarning at garbage collection (an error under pytest)
 
     def __enter__(self) -> "_Child":
         return self
