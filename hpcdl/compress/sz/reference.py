@@ -100,22 +100,27 @@ def _lanes(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return padded.view(-1, BLOCK), present.view(-1, BLOCK)
 
 
-def _predicted(lanes: torch.Tensor, present: torch.Tensor, predictor: torch.Tensor) -> torch.Tensor:
-    """The unsigned values u each block packs, for each block's predictor; 0 in lanes without elements."""
+def _candidates(lanes: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The unsigned values u of each predictor (zigzag, unsigned, Lorenzo); 0 in lanes without elements."""
     previous = torch.nn.functional.pad(lanes[:, :-1], (1, 0))
-    by_predictor = torch.stack([_zigzag(lanes), lanes & 0xFFFFFFFF, _zigzag(_wrap32(lanes - previous))])
-    u = torch.gather(by_predictor, 0, predictor.view(1, -1, 1).expand(1, *lanes.shape))[0]
-    return torch.where(present, u, torch.zeros_like(u))
+    zero = torch.zeros_like(lanes)
+    return (torch.where(present, _zigzag(lanes), zero), torch.where(present, lanes & 0xFFFFFFFF, zero),
+            torch.where(present, _zigzag(_wrap32(lanes - previous)), zero))
+
+
+def _predicted(lanes: torch.Tensor, present: torch.Tensor, predictor: torch.Tensor) -> torch.Tensor:
+    """The unsigned values u each block packs, for each block's predictor."""
+    zigzag, unsigned, lorenzo = _candidates(lanes, present)
+    chosen = predictor.view(-1, 1)
+    return torch.where(chosen == PRED_ZIGZAG, zigzag, torch.where(chosen == PRED_UNSIGNED, unsigned, lorenzo))
 
 
 def block_headers(q: torch.Tensor) -> torch.Tensor:
     """One byte per block: the smallest width of the three predictors (ties: zigzag, unsigned, Lorenzo)."""
     lanes, present = _lanes(q)
-    widths = []
-    for predictor in (PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO):
-        chosen = torch.full((lanes.shape[0],), predictor, dtype=torch.int64, device=q.device)
-        widths.append(_bit_width(_predicted(lanes, present, chosen).amax(dim=1) if lanes.numel() else chosen))
-    w_zigzag, w_unsigned, w_lorenzo = widths
+    if lanes.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=q.device)
+    w_zigzag, w_unsigned, w_lorenzo = (_bit_width(u.amax(dim=1)) for u in _candidates(lanes, present))
     w_unsigned = torch.where((torch.where(present, lanes, 0) < 0).any(dim=1), 64, w_unsigned)
     take_zigzag = (w_zigzag <= w_unsigned) & (w_zigzag <= w_lorenzo)
     take_unsigned = ~take_zigzag & (w_unsigned <= w_lorenzo)
