@@ -1,22 +1,24 @@
-"""One rank of the backend checks in test_distributed.py, run under mpirun/horovodrun/srun.
+"""One rank of the backend checks, run under mpirun/horovodrun/srun, and the check of what the ranks wrote.
 
     python tests/distributed_worker.py BACKEND OUT_DIR
 
 Each rank starts from different weights and optimizer state, calls broadcast_state, trains STEPS SGD steps
 on its shard of a fixed global batch through wrap_model/wrap_optimizer, reduces two metrics and writes
-OUT_DIR/rank<R>.json. The test compares that with one process training on the whole global batch,
-using the same functions from this module.
+OUT_DIR/rank<R>.json. ``check_ranks`` (used by test_distributed, test_horovod and test_slurm_jobs)
+compares that with one process training on the whole global batch, with the same functions.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
+WORKER = str(Path(__file__).resolve())
 STEPS = 3
 GLOBAL_BATCH = 8
 LR = 0.1
@@ -72,6 +74,39 @@ def flat_parameters(model: nn.Module) -> list[float]:
 def flat_momentum(optimizer: torch.optim.Optimizer) -> list[float]:
     buffers = [optimizer.state[p]["momentum_buffer"].reshape(-1) for g in optimizer.param_groups for p in g["params"]]
     return torch.cat(buffers).tolist()
+
+
+def single_process_reference() -> dict:
+    """What every rank must end with: rank 0's start, then STEPS steps on the whole global batch."""
+    model = make_model(100)
+    optimizer = make_optimizer(model)
+    warm_up_locally(model, optimizer, 100)
+    after_broadcast = {
+        "parameters": flat_parameters(model),
+        "buffer": model.output_scale.tolist(),
+        "momentum": flat_momentum(optimizer),
+    }
+    train_steps(model, optimizer, rank=0, size=1)
+    return {"after_broadcast": after_broadcast, "final_parameters": flat_parameters(model)}
+
+
+def check_ranks(out_dir: Path, backend_name: str, size: int = 2) -> None:
+    """Assert that the ``size`` ranks' files in ``out_dir`` match one process on the whole batch."""
+    reference = single_process_reference()
+    results = [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(size)]
+    for rank, result in enumerate(results):
+        assert (result["backend"], result["rank"], result["size"]) == (backend_name, rank, size)
+        assert result["local_rank"] == rank  # one node
+        assert result["device"] == "cpu"
+        for key in ("parameters", "buffer", "momentum"):
+            torch.testing.assert_close(
+                torch.tensor(result["after_broadcast"][key]), torch.tensor(reference["after_broadcast"][key])
+            )
+        # Averaged gradients over equal shards == the gradient of the whole batch.
+        torch.testing.assert_close(
+            torch.tensor(result["final_parameters"]), torch.tensor(reference["final_parameters"]), rtol=1e-5, atol=1e-6
+        )
+        assert math.isclose(result["reduced"]["rank"], (size - 1) / 2) and result["reduced"]["one"] == 1.0
 
 
 def main(backend_name: str, out_dir: Path) -> None:

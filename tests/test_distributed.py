@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from conftest import require
 
 import distributed_worker as worker
+from distributed_worker import WORKER, check_ranks, single_process_reference
 from hpcdl.train import distributed
 from hpcdl.train.distributed import detect_world, init_backend
 from mpi_helpers import mpirun_path, run_mpi
 
-WORKER = str(Path(worker.__file__).resolve())
 LAUNCHER_VARS = (
     "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "HOROVOD_RANK", "SLURM_STEP_NUM_TASKS", "SLURM_PROCID",
     "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -28,38 +26,6 @@ def clean_launch_env(monkeypatch):
     for name in LAUNCHER_VARS:
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
-
-
-def single_process_reference() -> dict:
-    """What every rank must end with: rank 0's start, then STEPS steps on the whole global batch."""
-    model = worker.make_model(100)
-    optimizer = worker.make_optimizer(model)
-    worker.warm_up_locally(model, optimizer, 100)
-    after_broadcast = {
-        "parameters": worker.flat_parameters(model),
-        "buffer": model.output_scale.tolist(),
-        "momentum": worker.flat_momentum(optimizer),
-    }
-    worker.train_steps(model, optimizer, rank=0, size=1)
-    return {"after_broadcast": after_broadcast, "final_parameters": worker.flat_parameters(model)}
-
-
-def check_ranks(out_dir: Path, backend_name: str, size: int = 2) -> None:
-    reference = single_process_reference()
-    results = [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(size)]
-    for rank, result in enumerate(results):
-        assert (result["backend"], result["rank"], result["size"]) == (backend_name, rank, size)
-        assert result["local_rank"] == rank  # one node
-        assert result["device"] == "cpu"
-        for key in ("parameters", "buffer", "momentum"):
-            torch.testing.assert_close(
-                torch.tensor(result["after_broadcast"][key]), torch.tensor(reference["after_broadcast"][key])
-            )
-        # Averaged gradients over equal shards == the gradient of the whole batch.
-        torch.testing.assert_close(
-            torch.tensor(result["final_parameters"]), torch.tensor(reference["final_parameters"]), rtol=1e-5, atol=1e-6
-        )
-        assert result["reduced"] == pytest.approx({"rank": (size - 1) / 2, "one": 1.0})
 
 
 def test_reference_training_depends_on_the_start():

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 from conftest import require
+from distributed_worker import WORKER, check_ranks
 
 from hpcdl.train import distributed
 from mpi_helpers import horovodrun_path, mpirun_path, run_horovodrun_gloo, run_mpi
-from test_distributed import WORKER, check_ranks
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod]
 

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 from conftest import require
+from distributed_worker import WORKER, check_ranks
 
 from hpcdl.slurm import JobRequest, render_script
 from slurm_helpers import slurm_cluster_up, submit_and_wait, submit_cli_and_wait
-from test_distributed import WORKER, check_ranks
 
 pytestmark = pytest.mark.slurm
 
