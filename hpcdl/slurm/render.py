@@ -12,7 +12,7 @@ import io
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpcdl.slurm.systems import SlurmSystem, get_system
@@ -53,7 +53,7 @@ class JobRequest:
     tasks_per_node: int | None = None
     cpus_per_task: int | None = None
     gpus_per_node: int | None = None
-    extra_directives: tuple[str, ...] = field(default=())
+    extra_directives: tuple[str, ...] = ()
 
 
 def render_job(request: JobRequest) -> str:
