@@ -1,8 +1,10 @@
 """Writing climate snapshots as CF-1.8 netCDF4 files (dimensions time/lat/lon, zlib-compressed).
 
 Fields are packed to int16 with per-file ``scale_factor``/``add_offset`` (the CF packing
-convention, undone by every CF reader): the quantisation step is 1/65,000 of the field's range in
-that file, far below the model's own accuracy, and it halves the size before zlib.
+convention, undone by every CF reader), quantised to 12 bits: the step is 1/4094 of the field's
+range in that file (about 0.01 K of temperature, 0.01 m/s of wind), well below what the model
+resolves. Finer steps cost size, not information anyone uses: zlib cannot squeeze the noise
+of the low bits, and a 12-bit sample is half the size of a 16-bit one.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ CHANNELS: dict[str, dict[str, str]] = {
                  "long_name": "moisture tracer advected by the upper-layer flow"},
 }
 LABEL_VARIABLE = "labels"
-PACKED_MAX = 32000  # int16 packing range; the default int16 fill value (-32767) stays out of it
+PACKED_MAX = 2047  # 12-bit packing range in int16; the default int16 fill value (-32767) stays out of it
 
 
 def coordinates(ny: int, nx: int, ly_m: float, lx_m: float) -> tuple[np.ndarray, np.ndarray]:
