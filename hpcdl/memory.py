@@ -258,9 +258,9 @@ class _Child:
         return value
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.stdin.close()
-            self.process.wait()
+        self.process.stdin.close()
+        self.process.wait()
+        self.process.stdout.close()
         self.process.stdout.close()  # else a ResourceWarning at garbage collection (an error under pytest)
 
     def __enter__(self) -> "_Child":
@@ -358,6 +358,7 @@ def search_batch(
     threshold: int = DEFAULT_THRESHOLD,
     seed: int = 0,
     threads: int | None = None,
+    on_probe: Callable[[int, PeakReport], None] | None = None,
     **workload,
 ) -> BatchSearch:
     """Search measured peaks for the largest batch within ``budget_bytes``; see :func:`max_batch`."""
@@ -379,6 +380,8 @@ def search_batch(
             torch.cuda.empty_cache()
             report = PeakReport(budget + 1, 0, str(target), "cuda_out_of_memory")
         probes[batch_size] = report
+        if on_probe is not None:
+            on_probe(batch_size, report)
         return report.peak_bytes <= budget
 
     try:

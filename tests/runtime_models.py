@@ -94,8 +94,8 @@ class WideCNN(nn.Module):
         return self.head(self.features(x).mean(dim=(2, 3)))
 
 
-def wide_cnn() -> nn.Module:
-    return WideCNN()
+def wide_cnn(**options) -> nn.Module:
+    return WideCNN(**options)
 
 
 def wide_cnn_batch(batch_size: int, generator: torch.Generator, size: int = 64):
@@ -103,3 +103,13 @@ def wide_cnn_batch(batch_size: int, generator: torch.Generator, size: int = 64):
     coarse = torch.randn(batch_size, 3, size // 8, size // 8, generator=generator)
     x = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
     return x, torch.randint(0, 4, (batch_size,), generator=generator)
+
+
+def allocating_setup(mebibytes: int):
+    """A setup for hpcdl.memory.peak whose step allocates ``mebibytes`` MiB, touches it, and frees it."""
+
+    def step() -> dict:
+        block = torch.ones(mebibytes * 2**18)  # float32: 4 bytes each
+        return {"sum": float(block.sum())}
+
+    return step

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -20,29 +22,37 @@ def register(subparsers) -> None:
     parser.add_argument("--policy", default="sz:rel=1e-2", help="method spec, e.g. sz:rel=1e-2, quant:bits=2, raw")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--threshold", type=int, default=None, help="bytes below which saved tensors stay as they are")
+    parser.add_argument("--start", type=int, default=1, help="first batch to try; the search doubles from it (default: 1)")
     parser.add_argument("--limit", type=int, default=1 << 16, help="largest batch to try (default: 65536)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads in the measuring process")
     parser.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from hpcdl import memory
+    from hpcdl.runtime.policy import policy_from_spec
     from hpcdl.runtime.session import DEFAULT_THRESHOLD
     from hpcdl.train.summary import human_bytes
 
-    options = dict(device=args.device, limit=args.limit,
-                   threshold=DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
-                   scale=args.scale, batch=args.batch_fn)
-    baseline = memory.search_batch(args.model, None, args.budget, **options)
-    policy = memory.search_batch(args.model, args.policy, args.budget, **options)
-    same_batch = memory.peak(memory.TrainStep(memory.Workload.of(args.model, scale=args.scale, batch=args.batch_fn),
-                                              baseline.batch_size, args.policy, args.device, options["threshold"]))
-    print(f"model {memory.Workload.of(args.model, scale=args.scale).describe()}, budget {human_bytes(baseline.budget_bytes)} "
-          f"per device ({args.device})")
-    for label, found in (("baseline", baseline), (policy.policy, policy)):
+    policy_from_spec(args.policy)  # refuse a bad spec before minutes of baseline measurements
+    workload = memory.Workload.of(args.model, scale=args.scale, batch=args.batch_fn)
+    threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+
+    def show(batch_size, report):
+        print(f"    batch {batch_size:>6}: peak {human_bytes(report.peak_bytes)}", file=sys.stderr, flush=True)
+
+    options = dict(device=args.device, start=args.start, limit=args.limit, threads=args.threads, threshold=threshold,
+                   on_probe=show)
+    baseline = memory.search_batch(workload, None, args.budget, **options)
+    compressed = memory.search_batch(workload, args.policy, args.budget, **options)
+    same_batch = memory.peak(memory.TrainStep(workload, baseline.batch_size, args.policy, args.device, threshold),
+                             threads=args.threads)
+    print(f"model {workload.describe()}, budget {human_bytes(baseline.budget_bytes)} per device ({args.device})")
+    for label, found in (("baseline", baseline), (compressed.policy, compressed)):
         limit_note = f" (the --limit {args.limit}; more may fit)" if found.hit_limit else ""
         print(f"  {label:<16} max batch {found.batch_size:>6}{limit_note}   measured peak {human_bytes(found.peak_bytes)}")
-    print(f"  batch gain       {policy.batch_size / baseline.batch_size:.2f}x")
-    print(f"  at batch {baseline.batch_size}: peak {human_bytes(baseline.peak_bytes)} -> {human_bytes(same_batch.peak_bytes)} "
-          f"(peak ratio {baseline.peak_bytes / max(same_batch.peak_bytes, 1):.2f}x), "
+    print(f"  batch gain       {compressed.batch_size / baseline.batch_size:.2f}x")
+    print(f"  at batch {baseline.batch_size}: peak {human_bytes(baseline.peak_bytes)} -> "
+          f"{human_bytes(same_batch.peak_bytes)} (peak ratio {baseline.peak_bytes / max(same_batch.peak_bytes, 1):.2f}x), "
           f"activation ratio {same_batch.activation_ratio:.2f}x")
     return 0

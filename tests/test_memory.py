@@ -1,0 +1,101 @@
+"""hpcdl.memory: a step's real peak (measured in a fresh process on the CPU) and the batch search over measured peaks."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from conftest import require
+from runtime_models import allocating_setup, wide_cnn_batch
+
+from hpcdl import memory
+from hpcdl.cli import main
+
+MiB = 2**20
+SMALL_CNN = memory.Workload(
+    "runtime_models:wide_cnn",
+    options={"channels": 8, "depth": 6},
+    batch=functools.partial(wide_cnn_batch, size=32),
+)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the measuring processes inherit it
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_peak_is_what_the_step_itself_allocates():
+    report = memory.peak(functools.partial(allocating_setup, 48))
+    assert report.method == "cpu_peak_rss" and report.device == "cpu"
+    assert 47 * MiB <= report.peak_bytes < 52 * MiB  # the step's 48 MiB, not the interpreter and torch before it
+    assert report.before_bytes > 50 * MiB  # torch itself was resident before the step and is not counted
+    assert report.info == {"sum": 48 * 2**18}
+
+
+@pytest.mark.slow
+def test_compression_lowers_the_measured_peak_of_a_training_step():
+    baseline = memory.peak(memory.TrainStep(SMALL_CNN, 16, None))
+    compressed = memory.peak(memory.TrainStep(SMALL_CNN, 16, "sz:rel=1e-2"))
+    saved_per_sample = 6 * 2 * 8 * 32 * 32 * 4  # six conv+BN+ReLU layers save two float maps each
+    assert baseline.peak_bytes > 16 * saved_per_sample
+    assert compressed.activation_ratio > 4
+    assert baseline.peak_bytes / compressed.peak_bytes > 2
+
+
+@pytest.mark.slow
+def test_search_finds_the_largest_batch_whose_measured_peak_fits():
+    budget = 6 * MiB
+    found = memory.search_batch(SMALL_CNN, None, budget, start=4, limit=64)
+    probes = dict(found.probes)
+    assert found.batch_size >= 4 and not found.hit_limit
+    assert probes[found.batch_size].peak_bytes <= budget < probes[found.batch_size + 1].peak_bytes
+    assert found.peak_bytes == probes[found.batch_size].peak_bytes
+    assert memory.max_batch(SMALL_CNN, None, "6MiB", start=found.batch_size, limit=found.batch_size) == found.batch_size
+
+
+def test_a_budget_below_one_sample_is_refused():
+    with pytest.raises(ValueError, match="smaller than the measured peak of one sample"):
+        memory.max_batch(SMALL_CNN, None, 64 * 1024)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(TypeError, match="setup callable"):
+        memory.peak(42)
+    with pytest.raises(ValueError, match="pass batch="):
+        memory.Workload("runtime_models:wide_cnn").build(2, 0)
+    with pytest.raises(ValueError, match="cannot load model"):
+        memory.Workload("runtime_models:nope", batch="runtime_models:wide_cnn_batch").build(2, 0)
+    with pytest.raises(ValueError, match="batch_size"):
+        memory.TrainStep(SMALL_CNN, 0)
+    with pytest.raises(ValueError, match="size"):
+        memory.max_batch(SMALL_CNN, None, "lots")
+    with pytest.raises(ValueError, match="start <= limit"):
+        memory.max_batch(SMALL_CNN, None, "1GiB", start=8, limit=4)
+
+
+@pytest.mark.slow
+def test_batch_size_command_prints_baseline_and_policy(capsys):
+    code = main([
+        "batch-size", "--model", "runtime_models:wide_cnn", "--batch-fn", "runtime_models:wide_cnn_batch",
+        "--budget", "24MiB", "--policy", "raw", "--start", "2", "--limit", "2", "--threshold", "0",
+    ])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "baseline" in out and "raw" in out and "max batch" in out and "peak ratio" in out and "activation ratio" in out
+
+
+def test_batch_size_command_reports_bad_input(capsys):
+    assert main(["batch-size", "--model", "runtime_models:wide_cnn", "--budget", "1GiB", "--policy", "nope:x=1"]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_peak_on_cuda_uses_the_allocator():
+    require(torch.cuda.is_available(), "needs a CUDA GPU")
+    baseline = memory.peak(memory.TrainStep(SMALL_CNN, 16, None, device="cuda"))
+    compressed = memory.peak(memory.TrainStep(SMALL_CNN, 16, "sz:rel=1e-2", device="cuda"))
+    assert baseline.method == "cuda_max_allocated" and baseline.peak_bytes > 0
+    assert compressed.peak_bytes < baseline.peak_bytes
