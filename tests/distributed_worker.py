@@ -62,7 +62,7 @@ def warm_up_locally(model: nn.Module, optimizer: torch.optim.Optimizer, seed: in
 def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, size: int) -> None:
     for step in range(STEPS):
         x, y = global_batch(step)
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=True)  # the torch >= 2 signature the trainer uses
         loss_fn(model, x[rank::size], y[rank::size]).backward()
         optimizer.step()
 

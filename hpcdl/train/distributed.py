@@ -301,6 +301,18 @@ class HorovodBackend(Backend):
         # Horovod builds a new optimizer from the param groups, without the state (momentum, Adam moments)
         # a resumed or warmed-up optimizer already holds; carry it over.
         wrapped.load_state_dict(optimizer.state_dict())
+        # Horovod 0.28's zero_grad() takes no set_to_none (torch >= 2 passes it); keep its safety check.
+        base_zero_grad = type(optimizer).zero_grad
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            if wrapped._handles:
+                raise AssertionError(
+                    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                    "optimizer.synchronize(): the gradients being all-reduced would be lost"
+                )
+            base_zero_grad(wrapped, set_to_none=set_to_none)
+
+        wrapped.zero_grad = zero_grad
         return wrapped
 
     def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
