@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcdl.study.methods import Method, parse_methods
+from hpcdl.study.methods import Method, parse_methods, yaml_scalar
 from hpcdl.study.results import append_record, read_results, result_files
 from hpcdl.train.distributed import detect_world
 
@@ -44,6 +44,8 @@ class RunSpec:
     def overrides(self) -> list[str]:
         """Trainer config overrides for this run, the user's extra ones last (they win)."""
         items = [
+            # The run's name titles the trainer's step progress bar.
+            f"name={yaml_scalar(f'{self.model} {self.method.spec} seed={self.seed}')}",
             f"model.name={self.model}",
             f"model.scale={self.scale}",
             f"train.seed={self.seed}",
