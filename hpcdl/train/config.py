@@ -76,11 +76,13 @@ SCHEMA: dict[str, Any] = {
     },
     "data": {
         "dataset": Field("str", None, nullable=True,
-                         help="dataset name or path; default: the model's default dataset; 'synthetic' = random "
-                              "batches of the model's input shape (for memory/speed only)"),
+                         help="dataset name (climate-sample, hep-sample, random-*) or path; default: the model's "
+                              "default dataset; 'synthetic' = random samples of the model's own input (particle "
+                              "sets, tokens, images) from its example_batch, for memory/speed only"),
         "features": Field("str", None, nullable=True, help="dataset feature set, e.g. images|constituents for HEP"),
         "val_fraction": Field("float", 0.2, minimum=0.0, maximum=0.9, help="fraction held out for validation"),
-        "synthetic_samples": Field("int", 256, minimum=1, help="samples per epoch of the synthetic dataset"),
+        "synthetic_samples": Field("int", 256, minimum=1,
+                                   help="training samples of 'synthetic' and random-* data sets"),
     },
     "train": {
         "epochs": Field("int", 1, minimum=1),

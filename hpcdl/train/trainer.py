@@ -66,6 +66,8 @@ class RunResult:
     resumed_from_step: int | None = None
     config: dict = field(default_factory=dict)
     model_options: dict = field(default_factory=dict)  # constructor arguments the model was built with
+    # train.batch: auto: {"budget_bytes", "per_device_batch", "peak_bytes", "probes": {batch: measured peak}}
+    batch_search: dict | None = None
 
     @property
     def final_val_metric(self) -> float:
@@ -118,14 +120,18 @@ def _datasets(config: dict, spec):
     if name is None:
         raise ValueError(f"model {spec.name!r} has no default dataset; set data.dataset to a dataset name or path, "
                          "or to 'synthetic' for random batches (memory and speed only)")
-    if name == "synthetic":
-        from hpcdl.train.synthetic import SyntheticDataset
+    from hpcdl.data import RANDOM_DATASETS, load_dataset
 
-        scale, size, seed = config["model"]["scale"], data["synthetic_samples"], config["train"]["seed"]
+    if name == "synthetic" or name in RANDOM_DATASETS:
+        # Random data has no split: the validation set is drawn from the next seed.
+        size, seed = data["synthetic_samples"], config["train"]["seed"]
         val_size = max(1, int(size * data["val_fraction"]))
-        return (SyntheticDataset(spec, scale, size, seed), SyntheticDataset(spec, scale, val_size, seed + 1))
-    from hpcdl.data import load_dataset
+        if name == "synthetic":
+            from hpcdl.train.synthetic import SyntheticDataset
 
+            scale = config["model"]["scale"]
+            return SyntheticDataset(spec, scale, size, seed), SyntheticDataset(spec, scale, val_size, seed + 1)
+        return load_dataset(name, length=size, seed=seed), load_dataset(name, length=val_size, seed=seed + 1)
     options = {"val_fraction": data["val_fraction"]}
     if data["features"] is not None:
         options["features"] = data["features"]
@@ -158,15 +164,15 @@ def measured_batch_search(config: dict, model_options: dict, budget_bytes: int, 
                                seed=config["train"]["seed"], **_session_kwargs(compression))
 
 
-def _auto_batch(config: dict, model_options: dict, backend) -> int:
-    """``train.batch: auto``: the measured per-device batch under the budget, times the number of ranks."""
+def _auto_batch(config: dict, model_options: dict, backend):
+    """``train.batch: auto``: the measured search for the largest per-device batch under the budget."""
     budget = config["train"]["memory_budget"]
     if budget is None:
         if backend.device.type != "cuda":
             raise ValueError("train.batch: auto needs train.memory_budget (e.g. 2GiB) on a CPU; on a GPU it "
                              "defaults to the device's memory")
         budget = torch.cuda.get_device_properties(backend.device).total_memory
-    return measured_batch_search(config, model_options, budget, str(backend.device)).batch_size * backend.size
+    return measured_batch_search(config, model_options, budget, str(backend.device))
 
 
 def _resume_source(resume, config: dict) -> tuple[Path, Path]:
@@ -210,8 +216,11 @@ class _Run:
         self.train_set, self.val_set = _datasets(config, self.spec)
         self.model_options = options = _model_options(config, self.spec, self.train_set)
 
-        batch = config["train"]["batch"]
-        self.global_batch = _auto_batch(config, options, self.backend) if batch == "auto" else batch
+        batch, self.batch_search = config["train"]["batch"], None
+        if batch == "auto":
+            self.batch_search = _auto_batch(config, options, self.backend)
+            batch = self.batch_search.batch_size * size
+        self.global_batch = batch
         if self.global_batch % size:
             raise ValueError(f"train.batch {self.global_batch} (the global batch) must divide evenly over {size} ranks")
         self.per_device = self.global_batch // size
@@ -229,9 +238,6 @@ class _Run:
 
         self.loader = ShardedLoader(self.train_set, self.per_device, rank=rank, world_size=size,
                                     seed=config["train"]["seed"], shuffle=True, drop_last=True)
-        if len(self.loader) == 0:
-            raise ValueError(f"the training set ({len(self.train_set)} samples) is smaller than one global batch "
-                             f"({self.global_batch}); lower train.batch")
         cap = config["train"]["steps_per_epoch"]
         self.steps_per_epoch = min(len(self.loader), cap) if cap else len(self.loader)
         self.total_steps = self.steps_per_epoch * config["train"]["epochs"]
@@ -411,6 +417,14 @@ class _Run:
             "peak_memory_bytes": peak.bytes(),
         })
 
+    def _batch_search_record(self) -> dict | None:
+        search = self.batch_search
+        if search is None:
+            return None
+        return {"budget_bytes": search.budget_bytes, "per_device_batch": search.batch_size,
+                "peak_bytes": search.peak_bytes,
+                "probes": {str(batch): report.peak_bytes for batch, report in search.probes}}
+
     def _result(self, stats, step_times: list[float], peak: PeakMemory) -> RunResult:
         median = statistics.median(step_times) if step_times else float("nan")
         per_module = {name: {"original": row["original"], "packed": row["packed"], "ratio": row["ratio"]}
@@ -426,7 +440,7 @@ class _Run:
             wall_time_s=time.perf_counter() - self.start, batch_size=self.global_batch,
             per_device_batch=self.per_device, world_size=self.backend.size, rank=self.backend.rank, steps=self.step, method=self.method,
             resumed_from_step=self.resumed_from, config=self.config,
-            model_options=self.model_options,
+            model_options=self.model_options, batch_search=self._batch_search_record(),
         )
 
 

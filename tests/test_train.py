@@ -1,0 +1,160 @@
+"""The training loop on CPU: run directory outputs, methods, resume after a kill, bad checkpoints.
+
+Runs use the particle transformer at its tiny scale on synthetic jets (no
+dropout, so runs are bit-for-bit repeatable) for a handful of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcdl.train import load_config, run_training
+from hpcdl.train.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint
+
+SMALL = ["data.dataset=synthetic", "data.synthetic_samples=128", "model.scale=tiny", "train.batch=16",
+         "train.steps_per_epoch=4", "train.epochs=2", "logging.progress=false", "compression.method=none"]
+SZ = ["compression.method=codec", "compression.id=sz", "compression.mode=rel", "compression.bound=1e-2"]
+
+
+def _config(*overrides):
+    return load_config("hep-particles", overrides=[*SMALL, *overrides])
+
+
+def _final_parameters(run_dir: Path) -> dict:
+    return load_checkpoint(latest_checkpoint(Path(run_dir) / "checkpoints"))["model"]
+
+
+def test_a_short_run_writes_its_run_directory(tmp_path):
+    result = run_training(_config("logging.every_steps=2"), run_dir=tmp_path / "run")
+    run = Path(result.run_dir)
+    assert load_config(run / "config.resolved.yaml")["train"]["batch"] == 16
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [line for line in lines if line["kind"] == "train"]
+    assert [line["step"] for line in train] == [2, 4, 6, 8]
+    assert all(line["samples_per_s"] > 0 and line["step_time_s"] > 0 and line["peak_memory_bytes"] >= 0
+               for line in train)
+    assert [line["epoch"] for line in lines if line["kind"] == "val"] == [0, 1]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 8 and summary["metric_name"] == "auc" and len(summary["epochs"]) == 2
+    assert 0 <= result.final_val_metric <= 1 and result.batch_size == 16 and result.world_size == 1
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["ckpt-00000008.pt"]
+
+
+def test_sz_compression_reports_ratio_and_starts_like_the_baseline(tmp_path):
+    baseline = run_training(_config("train.epochs=1"), run_dir=tmp_path / "base")
+    compressed = run_training(_config("train.epochs=1", *SZ), run_dir=tmp_path / "sz")
+    assert baseline.activation_packed_bytes == 0 and baseline.method == "none"
+    assert compressed.method == "codec:sz:rel=0.01"
+    assert compressed.activation_ratio > 2 and compressed.per_module
+    assert sum(m["original"] for m in compressed.per_module.values()) == compressed.activation_original_bytes
+
+    def first_loss(result):
+        return json.loads((Path(result.run_dir) / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+
+    assert first_loss(baseline) == first_loss(compressed)  # same weights and batch; forward is exact
+    assert baseline.epochs[-1]["train_loss"] == pytest.approx(compressed.epochs[-1]["train_loss"], rel=0.05)
+
+
+def test_checkpoint_method_gives_the_baseline_gradients(tmp_path):
+    baseline = run_training(_config("train.epochs=1"), run_dir=tmp_path / "base")
+    recomputed = run_training(_config("train.epochs=1", "compression.method=checkpoint"), run_dir=tmp_path / "ck")
+    a, b = _final_parameters(baseline.run_dir), _final_parameters(recomputed.run_dir)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+def test_offload_without_cuda_and_missing_tensorboard_are_clear_errors(tmp_path):
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="offload .* needs CUDA"):
+            run_training(_config("compression.method=offload"), run_dir=tmp_path / "off")
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="pip install tensorboard"):
+            run_training(_config("logging.tensorboard=true"), run_dir=tmp_path / "tb")
+
+
+def _train_command(run_dir: Path, *extra: str) -> list[str]:
+    sets = [item for override in [*SMALL, "checkpoint.every_steps=2",
+                                  "checkpoint.keep=3", "logging.every_steps=1", *extra] for item in ("--set", override)]
+    return [sys.executable, "-m", "hpcdl", "train", "hep-particles", *sets, "--run-dir", str(run_dir)]
+
+
+def test_a_run_killed_in_epoch_two_resumes_to_the_uninterrupted_result(tmp_path):
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_train_command(killed, "distributed.backend=none"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    # Step 6 is the second step of epoch 2 (4 steps per epoch); the run has 8.
+    while not (killed / "checkpoints" / "ckpt-00000006.pt").exists():
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the training subprocess made no checkpoint in time"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    process.stderr.close()
+    assert process.returncode == -signal.SIGKILL and not (killed / "summary.json").exists()
+    resumed_from = load_checkpoint(latest_checkpoint(killed / "checkpoints"))["step"]
+    assert 6 <= resumed_from < 8
+
+    subprocess.run(_train_command(killed, "distributed.backend=none")[:-2] + ["--resume", str(killed)],
+                   check=True, stdout=subprocess.DEVNULL)
+    uninterrupted = tmp_path / "whole"
+    run_training(_config("checkpoint.every_steps=2"), run_dir=uninterrupted)
+
+    a, b = _final_parameters(killed), _final_parameters(uninterrupted)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7)
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["resumed_from_step"] == resumed_from and summary["steps"] == 8
+    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert steps == list(range(1, 9)), "metrics.jsonl must hold each step once after the resume"
+    whole = json.loads((uninterrupted / "summary.json").read_text())
+    assert [e["val_metric"] for e in summary["epochs"]] == pytest.approx([e["val_metric"] for e in whole["epochs"]])
+
+
+def test_corrupted_or_foreign_checkpoint_is_refused_and_left_alone(tmp_path):
+    config = _config("checkpoint.every_steps=2")
+    run_training(config, run_dir=tmp_path / "run")
+    latest = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    blob = bytearray(latest.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    latest.write_bytes(bytes(blob))
+    before = {p.name: p.read_bytes() for p in list_checkpoints(tmp_path / "run" / "checkpoints")}
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        run_training(config, resume=tmp_path / "run")
+    assert {p.name: p.read_bytes() for p in list_checkpoints(tmp_path / "run" / "checkpoints")} == before
+
+    earlier = list_checkpoints(tmp_path / "run" / "checkpoints")[0]
+    with pytest.raises(CheckpointError, match="global_batch: checkpoint has 16, this run has 32"):
+        run_training(_config("checkpoint.every_steps=2", "train.batch=32"), resume=earlier)
+
+
+def test_batch_auto_needs_a_budget_on_cpu(tmp_path):
+    with pytest.raises(ValueError, match="train.memory_budget"):
+        run_training(_config("train.batch=auto", "train.memory_budget=null"), run_dir=tmp_path / "auto")
+
+
+@pytest.mark.slow
+def test_batch_auto_uses_the_measured_search(tmp_path):
+    budget = 2 * 2**20
+    config = _config("train.batch=auto", f"train.memory_budget={budget}", "train.epochs=1",
+                     "train.steps_per_epoch=1", "data.synthetic_samples=512")
+    result = run_training(config, run_dir=tmp_path / "auto")
+    search = result.batch_search
+    chosen = result.per_device_batch
+    assert result.batch_size == chosen == search["per_device_batch"] and search["budget_bytes"] == budget
+    assert search["probes"][str(chosen)] <= budget, "the chosen batch's measured peak fits"
+    assert search["probes"][str(chosen + 1)] > budget or str(chosen + 1) not in search["probes"]
+    assert any(int(b) > chosen and peak > budget for b, peak in search["probes"].items()), \
+        "the search must have measured a larger batch that does not fit"
