@@ -101,15 +101,15 @@ def _bench(args) -> int:
 
     data = load_dataset(args.dataset, "all", features=args.features)
     loader = ShardedLoader(data, args.batch, rank=0, world_size=args.world_size, prefetch=args.prefetch)
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     samples = nbytes = 0
     for x, y in loader:
         samples += len(x)
         nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
-    seconds = time.perf_counter() - began
+    seconds, cpu = time.perf_counter() - began, time.process_time() - began_cpu
     print(f"{args.dataset}: {samples} samples in {len(loader)} batches of {args.batch} (rank 0 of "
           f"{args.world_size}, prefetch {args.prefetch}) in {seconds:.2f} s: {samples / seconds:.0f} samples/s, "
-          f"{nbytes / seconds / 2**20:.1f} MiB/s of tensors")
+          f"{nbytes / seconds / 2**20:.1f} MiB/s of tensors; {cpu / samples * 1e3:.1f} ms CPU per sample")
     return 0
 
 
