@@ -21,6 +21,9 @@ from hpcdl.runtime import (
     ReleasedError,
     VerificationError,
     compressed,
+    config_from_spec,
+    policy_from_spec,
+    spec_from_config,
 )
 
 
@@ -400,3 +403,39 @@ def test_composes_with_bf16_autocast_on_cpu():
     got, session = step(Policy.static({"id": "raw"}))
     _assert_identical(expected, got)
     assert any(session.stats.row(module, "activation").count for module in ("qkv", "mlp.0"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "config"),
+    [
+        ("sz:rel=1e-2", {"id": "sz", "mode": "rel", "bound": 0.01}),
+        ("sz:abs=0.001", {"id": "sz", "mode": "abs", "bound": 0.001}),
+        ("quant:bits=2,group_size=256", {"id": "quant", "bits": 2, "group_size": 256}),
+        ("cast:bf16", {"id": "cast", "dtype": "bf16"}),
+        ("raw", {"id": "raw"}),
+        ("none", None),
+    ],
+)
+def test_method_specs_parse_and_print_back(spec, config):
+    assert config_from_spec(spec) == config
+    assert config_from_spec(spec_from_config(config)) == config
+    policy = policy_from_spec(spec)
+    assert (policy is None) if config is None else (policy.controller.config == config)
+
+
+@pytest.mark.parametrize("spec", ["", "sz:rel", "nope", "quant:2", "sz:rel=abc"])
+def test_bad_method_specs_are_refused(spec):
+    with pytest.raises(ValueError):
+        config_from_spec(spec)
+
+
+def test_a_used_policy_pickles_for_a_measuring_process():
+    import pickle
+
+    policy = Policy.per_module({"conv*": {"id": "sz", "mode": "rel", "bound": 1e-2}}, default={"id": "raw"})
+    model, x, y, loss_fn = _case("cnn")
+    _grads(model, x, y, loss_fn, policy)
+    policy.record_gradients(model)
+    copy = pickle.loads(pickle.dumps(policy))
+    assert copy.step == 1 and copy.grad_stats == policy.grad_stats and copy.describe() == "PerModuleController"
+    assert copy.codec({"id": "raw"}) == policy.codec({"id": "raw"})
