@@ -27,10 +27,11 @@ typedef unsigned long long hp_u64;
 #define HPCDL_BLOCK 32
 // |q| <= 2^29 (exact in float32), so a Lorenzo difference fits an int32 and its zigzag a uint32.
 #define HPCDL_MAX_Q 536870912
-// Block header byte: bits 0..5 width (0..32), bits 6..7 predictor.
+// Block header byte: bits 0..5 the block's number of 32-bit words (0..32), bits 6..7 the predictor.
 #define HPCDL_PRED_ZIGZAG 0    // u = zigzag(q)
 #define HPCDL_PRED_UNSIGNED 1  // u = q, every q >= 0 (ReLU outputs, indices)
 #define HPCDL_PRED_LORENZO 2   // u = zigzag(q[i] - q[i-1]), q[-1] = 0
+#define HPCDL_PRED_SPARSE 3    // every q >= 0: a mask word of the nonzero lanes, then their q - 1 densely packed
 #define HPCDL_MODE_ABS 0       // abs and rel: quantize x by the absolute bound eb
 #define HPCDL_MODE_PW_REL 2    // pw_rel: quantize the bits of |x| (piecewise log2)
 #define HPCDL_DTYPE_F32 1      // dtype codes of hpcdl/compress/header.py
@@ -230,32 +231,98 @@ HPCDL_HD inline int hp_bit_width(hp_u32 v) {
 #endif
 }
 
-// Header byte of one block of `count` (1..32) codes: the predictor with the smallest width (ties: zigzag, unsigned, Lorenzo,
-// so an all-zero block has header 0).
-HPCDL_HD inline hp_u8 hp_block_header(const hp_i32* q, int count) {
-    hp_u32 any_zigzag = hp_zigzag(q[0]), any_lorenzo = any_zigzag, any_unsigned = (hp_u32)q[0];
-    for (int i = 1; i < count; ++i) {
-        any_zigzag |= hp_zigzag(q[i]);
-        any_lorenzo |= hp_zigzag((hp_i32)((hp_u32)q[i] - (hp_u32)q[i - 1]));
-        any_unsigned |= (hp_u32)q[i];
-    }
-    int w_zigzag = hp_bit_width(any_zigzag), w_lorenzo = hp_bit_width(any_lorenzo);
-    int w_unsigned = (any_unsigned >> 31) ? 64 : hp_bit_width(any_unsigned);  // bit 31 set: some q < 0
-    if (w_zigzag <= w_unsigned && w_zigzag <= w_lorenzo) return (hp_u8)(w_zigzag | (HPCDL_PRED_ZIGZAG << 6));
-    if (w_unsigned <= w_lorenzo) return (hp_u8)(w_unsigned | (HPCDL_PRED_UNSIGNED << 6));
-    return (hp_u8)(w_lorenzo | (HPCDL_PRED_LORENZO << 6));
-}
-
 // Bit i of a word is lane i of a block. A table (not a variable shift) so the lane loops vectorize.
 #define HPCDL_LANE_BITS                                                                                             \
     {1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,  1u << 8,  1u << 9,  1u << 10, \
      1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15, 1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, \
      1u << 22, 1u << 23, 1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31}
 
-// Writes the block's width words: word j holds bit j of the 32 lane values (lanes >= count are 0).
+HPCDL_HD inline int hp_popcount(hp_u32 v) {
+#if defined(__CUDA_ARCH__)
+    return __popc(v);
+#else
+    return __builtin_popcount(v);
+#endif
+}
+
+// Bit planes a sparse block of `words` words with k nonzero lanes holds: as many as fit, at most 32.
+HPCDL_HD inline int hp_sparse_planes(int words, int k) {
+    if (k == 0) return 0;
+    int planes = 32 * (words - 1) / k;
+    return planes < 32 ? planes : 32;
+}
+
+// Header byte of one block of `count` (1..32) codes: the predictor that needs the fewest words
+// (ties: zigzag, unsigned, Lorenzo, sparse; so an all-zero block has header 0).
+HPCDL_HD inline hp_u8 hp_block_header(const hp_i32* q, int count) {
+    const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
+    hp_u32 any_zigzag = hp_zigzag(q[0]), any_lorenzo = any_zigzag, any_unsigned = (hp_u32)q[0];
+    hp_u32 any_sparse = q[0] ? (hp_u32)q[0] - 1u : 0u, mask = q[0] ? 1u : 0u;
+    for (int i = 1; i < count; ++i) {
+        any_zigzag |= hp_zigzag(q[i]);
+        any_lorenzo |= hp_zigzag((hp_i32)((hp_u32)q[i] - (hp_u32)q[i - 1]));
+        any_unsigned |= (hp_u32)q[i];
+        any_sparse |= q[i] ? (hp_u32)q[i] - 1u : 0u;
+        mask |= q[i] ? lane_bit[i] : 0u;
+    }
+    int w_zigzag = hp_bit_width(any_zigzag), w_lorenzo = hp_bit_width(any_lorenzo);
+    int w_unsigned = (any_unsigned >> 31) ? 64 : hp_bit_width(any_unsigned);  // bit 31 set: some q < 0
+    int best = w_zigzag, predictor = HPCDL_PRED_ZIGZAG;
+    if (w_unsigned < best) best = w_unsigned, predictor = HPCDL_PRED_UNSIGNED;
+    if (w_lorenzo < best) best = w_lorenzo, predictor = HPCDL_PRED_LORENZO;
+    if (w_unsigned <= 32) {
+        int w_sparse = 1 + (hp_popcount(mask) * hp_bit_width(any_sparse) + 31) / 32;
+        if (w_sparse < best) best = w_sparse, predictor = HPCDL_PRED_SPARSE;
+    }
+    return (hp_u8)(best | (predictor << 6));
+}
+
+// Sparse block: word 0 = mask of nonzero lanes; then, for plane j and the r-th nonzero lane, bit j of
+// (q - 1) at stream bit j * k + r (k = nonzero lanes), packed from the low bit of word 1 up; zero tail.
+HPCDL_HD inline void hp_sparse_pack(const hp_i32* q, int count, int words_total, hp_u32* words) {
+    hp_u32 values[HPCDL_BLOCK], mask = 0;
+    int k = 0;
+    for (int i = 0; i < count; ++i)
+        if (q[i] != 0) values[k++] = (hp_u32)q[i] - 1u, mask |= 1u << i;
+    words[0] = mask;
+    int planes = hp_sparse_planes(words_total, k), out = 1, fill = 0;
+    hp_u64 pending = 0;
+    for (int j = 0; j < planes; ++j) {
+        hp_u32 plane = 0;
+        for (int r = 0; r < k; ++r) plane |= ((values[r] >> j) & 1u) << r;
+        pending |= (hp_u64)plane << fill;
+        fill += k;
+        if (fill >= 32) words[out++] = (hp_u32)pending, pending >>= 32, fill -= 32;
+    }
+    if (fill > 0) words[out++] = (hp_u32)pending;
+    while (out < words_total) words[out++] = 0;
+}
+
+// Inverse of hp_sparse_pack; reads only words[0 .. words_total - 1], whatever the mask says.
+HPCDL_HD inline void hp_sparse_unpack(const hp_u32* words, int words_total, hp_i32* q) {
+    hp_u32 values[HPCDL_BLOCK], mask = words[0];
+    int k = hp_popcount(mask), planes = hp_sparse_planes(words_total, k), in = 1, fill = 0;
+    hp_u64 pending = 0, keep = k == 32 ? 0xffffffffull : (1ull << k) - 1;
+    for (int r = 0; r < HPCDL_BLOCK; ++r) values[r] = 0;
+    for (int j = 0; j < planes; ++j) {
+        if (fill < k) pending |= (hp_u64)words[in++] << fill, fill += 32;
+        hp_u32 plane = (hp_u32)(pending & keep);
+        pending >>= k;
+        fill -= k;
+        for (int r = 0; r < k; ++r) values[r] |= ((plane >> r) & 1u) << j;
+    }
+    for (int i = 0, r = 0; i < HPCDL_BLOCK; ++i) q[i] = ((mask >> i) & 1u) ? (hp_i32)(values[r++] + 1u) : 0;
+}
+
+// Writes the block's words; for zigzag, unsigned and Lorenzo, word j holds bit j of the 32 lane values
+// (lanes >= count are 0).
 HPCDL_HD inline void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_u32* words) {
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     int width = header & 63, predictor = header >> 6;
+    if (predictor == HPCDL_PRED_SPARSE) {
+        hp_sparse_pack(q, count, width, words);
+        return;
+    }
     hp_u32 u[HPCDL_BLOCK];
     for (int i = 0; i < HPCDL_BLOCK; ++i) {
         hp_i32 v = i < count ? q[i] : 0, previous = (i > 0) & (i <= count) ? q[i - 1] : 0;
@@ -270,10 +337,15 @@ HPCDL_HD inline void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_
     }
 }
 
-// Inverse of hp_block_pack for a validated header (width <= 32, predictor 0..2); writes 32 codes.
+// Inverse of hp_block_pack for a validated header (at most 32 words); writes 32 codes.
 HPCDL_HD inline void hp_block_unpack(hp_u8 header, const hp_u32* words, hp_i32* q) {
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     int width = header & 63, predictor = header >> 6;
+    if (predictor == HPCDL_PRED_SPARSE) {
+        if (width > 0) hp_sparse_unpack(words, width, q);
+        else for (int i = 0; i < HPCDL_BLOCK; ++i) q[i] = 0;
+        return;
+    }
     hp_u32 u[HPCDL_BLOCK];
     for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] = 0;
     for (int j = 0; j < width; ++j) {

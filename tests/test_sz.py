@@ -78,7 +78,7 @@ def test_guarantee_and_identical_bytes_on_arbitrary_values(values, dtype, mode, 
     bound=bounds,
 )
 def test_random_bit_patterns(bits, dtype, mode, bound):
-    raw = torch.tensor(bits, dtype=torch.int32)
+    raw = torch.tensor(bits.tolist(), dtype=torch.int32)
     x = raw.view(torch.float32) if dtype == torch.float32 else raw.view(torch.int16).view(dtype) \
         if dtype in (torch.float16, torch.bfloat16) else raw[: raw.numel() // 2 * 2].view(torch.float64)
     _round_trip(x, mode, bound)
@@ -215,7 +215,7 @@ def test_forged_payload_is_validated_before_the_kernels():
     x = torch.tensor([1.0, float("nan"), 3.0] * 20)
     packed = Sz("abs", 0.1).encode(x)
     header = read_stream_header(packed.header, "sz", FIELDS)
-    for offset, value in [(0, 33), (0, 0xC5), (64, 200)]:  # width 33, predictor 3, an outlier index past the end
+    for offset, value in [(0, 33), (0, 0xE1), (64, 200)]:  # 33 words (twice), an outlier index past the end
         data = packed.data.clone()
         data[offset] = value
         fields = list(header.fields)

@@ -16,7 +16,7 @@ from hpcdl.compress.sz.stream import BLOCK, block_count
 
 __all__ = ["block_headers", "checksum", "pack", "sz_decode", "sz_encode", "unpack", "value_range"]
 
-PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO = 0, 1, 2
+PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO, PRED_SPARSE = 0, 1, 2, 3
 _CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
 _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
 
@@ -115,18 +115,45 @@ def _predicted(lanes: torch.Tensor, present: torch.Tensor, predictor: torch.Tens
     return torch.where(chosen == PRED_ZIGZAG, zigzag, torch.where(chosen == PRED_UNSIGNED, unsigned, lorenzo))
 
 
+def _sparse_planes(words: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Bit planes a sparse block of ``words`` words with k nonzero lanes holds: as many as fit, at most 32."""
+    return torch.where(k > 0, (32 * (words - 1) // k.clamp(min=1)).clamp(max=32), 0)
+
+
 def block_headers(q: torch.Tensor) -> torch.Tensor:
-    """One byte per block: the smallest width of the three predictors (ties: zigzag, unsigned, Lorenzo)."""
+    """One byte per block: the predictor needing the fewest words and that count (ties: zigzag, unsigned, Lorenzo, sparse)."""
     lanes, present = _lanes(q)
     if lanes.numel() == 0:
         return torch.empty(0, dtype=torch.uint8, device=q.device)
     w_zigzag, w_unsigned, w_lorenzo = (_bit_width(u.amax(dim=1)) for u in _candidates(lanes, present))
-    w_unsigned = torch.where((torch.where(present, lanes, 0) < 0).any(dim=1), 64, w_unsigned)
-    take_zigzag = (w_zigzag <= w_unsigned) & (w_zigzag <= w_lorenzo)
-    take_unsigned = ~take_zigzag & (w_unsigned <= w_lorenzo)
-    predictor = torch.where(take_zigzag, PRED_ZIGZAG, torch.where(take_unsigned, PRED_UNSIGNED, PRED_LORENZO))
-    width = torch.where(take_zigzag, w_zigzag, torch.where(take_unsigned, w_unsigned, w_lorenzo))
-    return (width | (predictor << 6)).to(torch.uint8)
+    non_negative = ~(torch.where(present, lanes, 0) < 0).any(dim=1)
+    w_unsigned = torch.where(non_negative, w_unsigned, 64)
+    nonzero = present & (lanes != 0)
+    w_values = _bit_width(torch.where(nonzero, lanes - 1, 0).amax(dim=1))
+    w_sparse = torch.where(non_negative, 1 + (nonzero.sum(dim=1) * w_values + 31) // 32, 64)
+    best, predictor = w_zigzag, torch.full_like(w_zigzag, PRED_ZIGZAG)
+    for width, code in ((w_unsigned, PRED_UNSIGNED), (w_lorenzo, PRED_LORENZO), (w_sparse, PRED_SPARSE)):
+        better = width < best
+        best, predictor = torch.where(better, width, best), torch.where(better, code, predictor)
+    return (best | (predictor << 6)).to(torch.uint8)
+
+
+def _sparse_words(lanes: torch.Tensor, present: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor:
+    """(blocks, 32) words of sparse blocks: the mask of nonzero lanes, then bit j of the r-th nonzero lane's q - 1
+    at stream bit j * k + r (k = nonzero lanes), from the low bit of word 1 up."""
+    bit = torch.arange(32, device=lanes.device)
+    nonzero = present & (lanes != 0)
+    k = nonzero.sum(dim=1)
+    rank = torch.cumsum(nonzero, dim=1) - 1
+    planes = _sparse_planes(n_words, k)
+    values = torch.where(nonzero, lanes - 1, 0)
+    set_bits = nonzero.unsqueeze(2) & (bit < planes.view(-1, 1, 1)) & (((values.unsqueeze(2) >> bit) & 1) == 1)
+    position = bit.view(1, 1, 32) * k.view(-1, 1, 1) + rank.unsqueeze(2)  # (blocks, lane, plane)
+    stream = torch.zeros(lanes.shape[0], 33 * 32, dtype=torch.int64, device=lanes.device)
+    stream.scatter_(1, torch.where(set_bits, position, 32 * 32).reshape(lanes.shape[0], -1), 1)
+    stream_words = (stream[:, : 31 * 32].view(-1, 31, 32) << bit).sum(dim=2)
+    mask = (nonzero.to(torch.int64) << bit).sum(dim=1, keepdim=True)
+    return torch.cat([mask, stream_words], dim=1)
 
 
 def sz_encode(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -136,21 +163,25 @@ def sz_encode(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Te
 
 
 def pack(q: torch.Tensor, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor) -> None:
-    """Write each block's bit-plane words (word j = bit j of the 32 lanes) into ``words`` (int32) at its offset."""
+    """Write each block's words into ``words`` (int32) at its offset: bit planes (word j = bit j of the 32 lanes)
+    for zigzag, unsigned and Lorenzo; mask and dense stream for sparse blocks."""
     lanes_all, present_all = _lanes(q)
     bit = torch.arange(32, device=q.device)
     for start in range(0, lanes_all.shape[0], _CHUNK_BLOCKS):
         chunk = slice(start, start + _CHUNK_BLOCKS)
         header = headers[chunk].to(torch.int64)
-        u = _predicted(lanes_all[chunk], present_all[chunk], header >> 6)
+        n_words, predictor = header & 63, header >> 6
+        lanes, present = lanes_all[chunk], present_all[chunk]
+        u = _predicted(lanes, present, predictor)
         planes = (((u.unsqueeze(2) >> bit) & 1) << bit.view(1, 32, 1)).sum(dim=1)  # (blocks, plane)
-        used = bit < (header & 63).unsqueeze(1)
+        planes = torch.where((predictor == PRED_SPARSE).unsqueeze(1), _sparse_words(lanes, present, n_words), planes)
+        used = bit < n_words.unsqueeze(1)
         position = offsets[chunk].unsqueeze(1) + bit
         words[position[used]] = _wrap32(planes[used]).to(torch.int32)
 
 
 def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, numel: int) -> torch.Tensor:
-    """Codes (int32) of ``numel`` elements from validated block headers, offsets and words."""
+    """Codes (int32) of ``numel`` elements from validated block headers (at most 32 words each), offsets and words."""
     bit = torch.arange(32, device=headers.device)
     # one spare zero word, so that gathering unused planes never indexes an empty tensor
     all_words = torch.cat([words.to(torch.int64) & 0xFFFFFFFF, torch.zeros(1, dtype=torch.int64, device=words.device)])
@@ -158,17 +189,33 @@ def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, nu
     for start in range(0, headers.numel(), _CHUNK_BLOCKS):
         chunk = slice(start, start + _CHUNK_BLOCKS)
         header = headers[chunk].to(torch.int64)
-        used = bit < (header & 63).unsqueeze(1)
-        position = torch.where(used, offsets[chunk].unsqueeze(1) + bit, 0)
-        planes = torch.where(used, all_words[position], 0)  # (blocks, plane)
+        n_words, predictor = header & 63, (header >> 6).unsqueeze(1)
+        used = bit < n_words.unsqueeze(1)
+        position = torch.where(used, offsets[chunk].unsqueeze(1) + bit, all_words.numel() - 1)
+        planes = all_words[position]  # (blocks, word)
         u = (((planes.unsqueeze(1) >> bit.view(1, 32, 1)) & 1) << bit).sum(dim=2)  # (blocks, lane)
-        predictor = (header >> 6).unsqueeze(1)
         q = torch.where(predictor == PRED_UNSIGNED, u, _unzigzag(u))
         q = torch.where(predictor == PRED_LORENZO, torch.cumsum(q, dim=1), q)
+        q = torch.where(predictor == PRED_SPARSE, _sparse_lanes(planes, n_words), q)
         blocks.append(_wrap32(q).reshape(-1))
     if not blocks:
         return torch.empty(0, dtype=torch.int32, device=headers.device)
     return torch.cat(blocks)[:numel].to(torch.int32)
+
+
+def _sparse_lanes(block_words: torch.Tensor, n_words: torch.Tensor) -> torch.Tensor:
+    """(blocks, 32) codes of sparse blocks from their words (inverse of _sparse_words)."""
+    bit = torch.arange(32, device=block_words.device)
+    nonzero = ((block_words[:, :1] >> bit) & 1) == 1
+    k = nonzero.sum(dim=1)
+    rank = torch.cumsum(nonzero, dim=1) - 1
+    planes = _sparse_planes(n_words, k)
+    stream = ((block_words[:, 1:].unsqueeze(2) >> bit) & 1).reshape(-1, 31 * 32)
+    position = bit.view(1, 1, 32) * k.view(-1, 1, 1) + rank.unsqueeze(2)  # (blocks, lane, plane)
+    wanted = nonzero.unsqueeze(2) & (bit < planes.view(-1, 1, 1))
+    bits = torch.gather(stream, 1, torch.where(wanted, position, 0).reshape(stream.shape[0], -1)).view(-1, 32, 32)
+    values = (torch.where(wanted, bits, 0) << bit).sum(dim=2)
+    return torch.where(nonzero, values + 1, 0)
 
 
 def sz_decode(headers, offsets, words, numel: int, dtype: torch.dtype, params: SzParams) -> torch.Tensor:

@@ -3,8 +3,8 @@
 A stream is a header (hpcdl.compress.header, with a CRC-32 over itself) and one
 uint8 payload tensor laid out as (docs/format.md)::
 
-    block headers   one byte per 32-element block: width (bits 0..5) | predictor (bits 6..7)
-    words           u32 bit-plane words of every block, at 8-byte-aligned offset
+    block headers   one byte per 32-element block: words (bits 0..5) | predictor (bits 6..7)
+    words           u32 words of every block, at 8-byte-aligned offset
     outlier index   sorted flat indices (int32, or int64 for tensors of 2^31 elements or more)
     outlier values  the exact elements, in the tensor's dtype
     (zero padding after each section to a multiple of 8 bytes)
@@ -24,8 +24,7 @@ from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import Header, read_header, write_header
 
 BLOCK = 32
-MAX_WIDTH = 32
-PREDICTORS = 3  # zigzag, unsigned, Lorenzo; the value 3 is invalid
+MAX_WORDS = 32  # words of one block
 
 
 def block_count(numel: int) -> int:
@@ -104,7 +103,7 @@ def read_stream_header(blob: bytes, codec_id: str, fields_format: str) -> Header
 
 
 def word_offsets(headers: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Exclusive prefix sum of the blocks' widths (int64, on the headers' device) and the total word count."""
+    """Exclusive prefix sum of the blocks' word counts (int64, on the headers' device) and the total."""
     widths = (headers & 63).to(torch.int64)
     ends = torch.cumsum(widths, 0)
     total = int(ends[-1]) if ends.numel() else 0
@@ -112,13 +111,9 @@ def word_offsets(headers: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def validate_block_headers(headers: torch.Tensor, n_words: int, codec_id: str) -> None:
-    """Every width <= 32, every predictor known, and the widths add up to the stream's word count."""
-    if headers.numel() == 0:
-        bad = False
-    else:
-        bad = bool(((headers & 63) > MAX_WIDTH).any() or ((headers >> 6) >= PREDICTORS).any())
-    if bad:
-        raise CodecError(f"{codec_id} stream has a block header with width > 32 or an unknown predictor: corrupted")
+    """Every block has at most 32 words, and the blocks' words add up to the stream's word count."""
+    if headers.numel() and bool(((headers & 63) > MAX_WORDS).any()):
+        raise CodecError(f"{codec_id} stream has a block header of more than {MAX_WORDS} words: corrupted")
     total = int((headers & 63).to(torch.int64).sum()) if headers.numel() else 0
     if total != n_words:
         raise CodecError(f"{codec_id} block headers add up to {total} words, the header says {n_words}: corrupted")
