@@ -101,6 +101,17 @@ def test_auto_picks_horovod_only_when_installed_and_several_ranks():
     assert resolve("horovod", single, horovod_available=False) == "horovod"  # import_horovod then explains
 
 
+def test_allreduce_mean_detects_ranks_reducing_different_names():
+    """What one all-reduce (a sum) of two ranks' packed values gives, and the check on it."""
+    cpu = torch.device("cpu")
+    keys, rank0 = distributed._pack({"loss": 1.0, "acc": 0.5}, cpu)
+    _, rank1 = distributed._pack({"acc": 0.7, "loss": 3.0}, cpu)
+    assert distributed._unpack_mean(keys, rank0 + rank1, size=2) == pytest.approx({"loss": 2.0, "acc": 0.6})
+    _, other = distributed._pack({"loss": 3.0, "auc": 0.7}, cpu)
+    with pytest.raises(ValueError, match="same names on every rank"):
+        distributed._unpack_mean(keys, rank0 + other, size=2)
+
+
 def test_clear_errors(clean_launch_env, monkeypatch):
     with pytest.raises(ValueError, match="unknown distributed backend 'nccl'.*auto, horovod, torch, none"):
         init_backend("nccl")

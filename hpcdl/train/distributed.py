@@ -23,6 +23,7 @@ import importlib.util
 import os
 import socket
 import subprocess
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -151,8 +152,21 @@ class Backend:
 
 
 def _pack(values: dict[str, float], device: torch.device) -> tuple[list[str], torch.Tensor]:
+    """The values in name order, then a checksum of the names, as one float64 tensor to sum over ranks.
+
+    The checksum lets one all-reduce also prove that every rank reduced the same names: its sum over
+    ranks equals size x checksum only when they agree (a CRC-32 sums exactly in float64).
+    """
     keys = sorted(values)
-    return keys, torch.tensor([float(values[key]) for key in keys], dtype=torch.float64, device=device)
+    checksum = zlib.crc32("\0".join(keys).encode())
+    return keys, torch.tensor([float(values[key]) for key in keys] + [checksum], dtype=torch.float64, device=device)
+
+
+def _unpack_mean(keys: list[str], summed: torch.Tensor, size: int) -> dict[str, float]:
+    *totals, checksum_sum = summed.tolist()
+    if checksum_sum != size * zlib.crc32("\0".join(keys).encode()):
+        raise ValueError(f"allreduce_mean needs the same names on every rank; this rank has {keys}")
+    return {key: total / size for key, total in zip(keys, totals)}
 
 
 def _optimizer_state_on_cpu(optimizer: torch.optim.Optimizer) -> dict:
@@ -202,14 +216,8 @@ class TorchBackend(Backend):
 
     def allreduce_mean(self, values: dict[str, float]) -> dict[str, float]:
         keys, packed = _pack(values, self.device)
-        _check_same_keys(keys, self._all_gather_object(keys))
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-        return dict(zip(keys, (packed / self.size).tolist()))
-
-    def _all_gather_object(self, obj) -> list:
-        gathered = [None] * self.size
-        dist.all_gather_object(gathered, obj)
-        return gathered
+        return _unpack_mean(keys, packed, self.size)
 
     def barrier(self) -> None:
         if self.device.type == "cuda":
@@ -220,12 +228,6 @@ class TorchBackend(Backend):
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _check_same_keys(keys: list[str], all_keys: list[list[str]]) -> None:
-    for rank, other in enumerate(all_keys):
-        if other != keys:
-            raise ValueError(f"allreduce_mean needs the same names on every rank: rank {rank} has {other}, this rank {keys}")
 
 
 def _mpi_shared_split_type():
@@ -322,9 +324,8 @@ class HorovodBackend(Backend):
 
     def allreduce_mean(self, values: dict[str, float]) -> dict[str, float]:
         keys, packed = _pack(values, self.device)
-        _check_same_keys(keys, self.hvd.allgather_object(keys))
-        reduced = self.hvd.allreduce(packed, op=self.hvd.Average, name="hpcdl.allreduce_mean")
-        return dict(zip(keys, reduced.tolist()))
+        summed = self.hvd.allreduce(packed, op=self.hvd.Sum, name="hpcdl.allreduce_mean")
+        return _unpack_mean(keys, summed, self.size)
 
     def barrier(self) -> None:
         self.hvd.barrier()
