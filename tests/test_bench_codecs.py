@@ -11,7 +11,7 @@ from hpcdl.cli import main
 
 ROW_FIELDS = {
     "label", "codec", "config", "status", "reason", "tensors", "original_bytes", "packed_bytes", "ratio",
-    "ratio_per_model", "compress_gbps", "decompress_gbps", "max_error_over_bound", "max_error_over_range",
+    "ratio_per_model", "compress_gbps", "decompress_gbps", "compress_cpu_gbps", "decompress_cpu_gbps", "max_error_over_bound", "max_error_over_range",
     "bound_violations", "nonfinite_mismatches", "zero_mismatches", "sign_flips",
 }
 
@@ -42,10 +42,17 @@ def test_report_has_every_field(quick_report):
         assert set(row) == ROW_FIELDS, row["label"]
         assert row["status"] == "ok", row
         assert row["ratio"] > 1 and row["compress_gbps"] > 0 and row["decompress_gbps"] > 0
+        assert row["compress_cpu_gbps"] > 0 and row["decompress_cpu_gbps"] > 0
         assert row["packed_bytes"] < row["original_bytes"]
         assert set(row["ratio_per_model"]) == {"resnet18", "vit"}
     assert set(report["targets"]) == {"bound", "sz_over_sz3_compress_speed", "sz_over_sz3_ratio",
                                       "sz_decompress_over_compress_speed"}
+    speed = report["targets"]["sz_over_sz3_compress_speed"]
+    assert set(speed) == {"measured", "measured_per_cpu_second", "target", "met"} and speed["target"] == 4.0
+    assert isinstance(speed["met"], bool) and speed["measured_per_cpu_second"] > 0
+    ratio = report["targets"]["sz_over_sz3_ratio"]
+    rows = {row["label"]: row for row in report["results"]}
+    assert ratio["measured"] == pytest.approx(rows["sz rel 0.01"]["ratio"] / rows["sz3 rel 0.01"]["ratio"])
 
 
 def test_error_columns_judge_each_codec_by_check_bound(quick_report):
