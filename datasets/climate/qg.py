@@ -116,8 +116,8 @@ class TwoLayerQG:
         return torch.stack([self.inv[0, 0] * q1 + self.inv[0, 1] * q2,
                             self.inv[1, 0] * q1 + self.inv[1, 1] * q2])
 
-    def _tendency(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """PV tendency, and the upper-layer eddy winds (for the moisture)."""
+    def _tendency(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """PV tendency, spectral streamfunction, and the upper-layer eddy winds (for the moisture)."""
         ph = self.streamfunction_h()
         u = self._ifft(-self.il * ph)
         v = self._ifft(self.ik * ph)
@@ -130,7 +130,7 @@ class TwoLayerQG:
         thickness = ph[0] - ph[1]
         dqh[0] = dqh[0] + self.f1 * thickness / self.p.thermal_damping_s
         dqh[1] = dqh[1] - self.f2 * thickness / self.p.thermal_damping_s
-        return dqh, u[0], v[0]
+        return dqh, ph, u[0], v[0]
 
     def temperature_anomaly(self, ph: torch.Tensor) -> torch.Tensor:
         """Mid-level temperature anomaly (K) from the thickness between the layers (thermal wind).
@@ -147,8 +147,8 @@ class TwoLayerQG:
 
     def step(self) -> None:
         """Advance one time step (AB3 for the PV, starting with Euler and AB2; semi-Lagrangian moisture)."""
-        dqh, u, v = self._tendency()
-        temperature = self.m.reference_temperature_k + self.temperature_anomaly(self.streamfunction_h())
+        dqh, ph, u, v = self._tendency()
+        temperature = self.m.reference_temperature_k + self.temperature_anomaly(ph)
         self.moisture = advance_moisture(self.m, self.moisture, u + self.p.u1, v, temperature, self.p.dt_s,
                                          self.dx, self.dy)
         self._history.insert(0, dqh)
