@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdl.data import LabelRangeError, load_dataset, read_manifest, verify_checksums
+from hpcdl.data import (LabelRangeError, MalformedFileError, ShapeError, TruncatedFileError, load_dataset,
+                        read_manifest, verify_checksums)
 from hpcdl.data.manifest import write_manifest
 from hpcdl_datasets.hep import HEPSettings, JetParticles, centred_coordinates, constituent_array, jet_image
 from hpcdl_datasets.hep.generate import CLASS_NAMES, JetWriter, import_pythia
@@ -125,20 +126,52 @@ def test_hep_loader_images_and_constituents(hep_dir):
         load_dataset(hep_dir, features="towers")
 
 
-def test_hep_label_out_of_range(hep_dir, tmp_path):
+def _damaged_copy(hep_dir, tmp_path, damage):
+    """A copy of the HEP set with ``damage(path)`` applied to jets.h5 and the manifest rewritten to match,
+    so that only the reader's own checks can catch it."""
     import shutil
 
     copy = tmp_path / "hep"
     shutil.copytree(hep_dir, copy)
-    with h5py.File(copy / "jets.h5", "a") as h5:
-        h5["labels"][4] = 5
+    damage(copy / "jets.h5")
     manifest = read_manifest(copy)
     write_manifest(copy, name=manifest.name, kind=manifest.kind, task=manifest.task, class_names=manifest.class_names,
                    sample_shape=manifest.sample_shape, seed=0, generator={}, files=[(copy / "jets.h5", 12)],
                    normalization=manifest.normalization)
-    data = load_dataset(copy, "all")
+    return copy
+
+
+def test_hep_label_out_of_range(hep_dir, tmp_path):
+    def relabel(path):
+        with h5py.File(path, "a") as h5:
+            h5["labels"][4] = 5
+
+    data = load_dataset(_damaged_copy(hep_dir, tmp_path, relabel), "all")
     with pytest.raises(LabelRangeError, match="jets.h5.*sample 4 has label 5"):
         data[4]
+
+
+def test_hep_truncated_malformed_and_misshapen_files(hep_dir, tmp_path):
+    def truncate(path):
+        path.write_bytes(path.read_bytes()[:-5000])
+
+    with pytest.raises(TruncatedFileError, match="jets.h5.*truncated"):
+        load_dataset(_damaged_copy(hep_dir, tmp_path / "a", truncate))
+
+    def drop_images(path):
+        with h5py.File(path, "a") as h5:
+            del h5["images"]
+
+    with pytest.raises(MalformedFileError, match="jets.h5.*no dataset 'images'"):
+        load_dataset(_damaged_copy(hep_dir, tmp_path / "b", drop_images))
+
+    def reshape(path):
+        with h5py.File(path, "a") as h5:
+            del h5["constituents"]
+            h5["constituents"] = np.zeros((12, 32, 3), np.float32)
+
+    with pytest.raises(ShapeError, match="jets.h5.*'constituents' has shape \\(12, 32, 3\\)"):
+        load_dataset(_damaged_copy(hep_dir, tmp_path / "c", reshape), features="constituents")
 
 
 def test_generator_module_imports_without_pythia_and_says_what_to_install():
