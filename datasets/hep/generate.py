@@ -199,6 +199,7 @@ def generate_hep(out_dir: str | Path, samples: int = 6000, seed: int = 0, settin
 
     if samples < 2:
         raise ValueError(f"samples must be at least 2 (half signal, half background), got {samples}")
+    pythia_version = str(getattr(import_pythia(), "__version__", "unknown"))  # fail before writing anything
     settings = settings or HEPSettings()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -234,6 +235,6 @@ def generate_hep(out_dir: str | Path, samples: int = 6000, seed: int = 0, settin
                       "constituents": [settings.max_particles, 4]},
         seed=seed, generator={"module": "hpcdl_datasets.hep", "settings": settings.to_dict(),
                               "events": {"background": events[0], "signal": events[1]},
-                              "pythia": str(getattr(import_pythia(), "__version__", "unknown"))},
+                              "pythia": pythia_version},
         files=[(path, samples)], normalization=normalization,
         extra={"command": f"hpcdl data make hep --samples {samples} --seed {seed}"})

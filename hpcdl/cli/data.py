@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def _grid(text: str) -> tuple[int, int]:
@@ -63,8 +64,13 @@ def _make(args) -> int:
     else:
         if args.grid:
             raise ValueError("--grid applies to climate data only")
-        from hpcdl_datasets.hep import generate_hep
+        from hpcdl_datasets.hep import generate_hep, import_pythia
 
+        try:
+            import_pythia()
+        except ImportError as err:
+            print(f"hpcdl data: error: {err}", file=sys.stderr)
+            return 2
         manifest = generate_hep(args.out, args.samples, args.seed, progress=not args.no_progress)
     size = sum(entry["bytes"] for entry in manifest.files)
     print(f"wrote {manifest.count} samples in {len(manifest.files)} files ({size / 2**20:.1f} MiB) and "
