@@ -277,20 +277,44 @@ HPCDL_HD inline hp_u8 hp_block_header(const hp_i32* q, int count) {
     return (hp_u8)(best | (predictor << 6));
 }
 
+// Bit planes of 32 lane values: plane j holds bit j of lane i at bit i.
+HPCDL_HD inline void hp_planes_of(const hp_u32* u, int width, hp_u32* planes) {
+    const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
+    for (int j = 0; j < width; ++j) {
+        hp_u32 plane = 0;
+        for (int i = 0; i < HPCDL_BLOCK; ++i) plane |= ((u[i] >> j) & 1u) ? lane_bit[i] : 0u;
+        planes[j] = plane;
+    }
+}
+
+// Inverse of hp_planes_of: 32 lane values from `width` bit planes.
+HPCDL_HD inline void hp_lanes_of(const hp_u32* planes, int width, hp_u32* u) {
+    const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
+    for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] = 0;
+    for (int j = 0; j < width; ++j) {
+        hp_u32 plane = planes[j], plane_bit = 1u << j;
+        for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] |= (plane & lane_bit[i]) ? plane_bit : 0u;
+    }
+}
+
 // Sparse block: word 0 = mask of nonzero lanes; then, for plane j and the r-th nonzero lane, bit j of
 // (q - 1) at stream bit j * k + r (k = nonzero lanes), packed from the low bit of word 1 up; zero tail.
 HPCDL_HD inline void hp_sparse_pack(const hp_i32* q, int count, int words_total, hp_u32* words) {
-    hp_u32 values[HPCDL_BLOCK], mask = 0;
+    hp_u32 values[HPCDL_BLOCK + 1], planes[HPCDL_BLOCK], mask = 0;
     int k = 0;
-    for (int i = 0; i < count; ++i)
-        if (q[i] != 0) values[k++] = (hp_u32)q[i] - 1u, mask |= 1u << i;
+    for (int i = 0; i < count; ++i) {  // branch-free compaction: always write, advance on nonzero
+        hp_u32 nonzero = q[i] != 0;
+        values[k] = (hp_u32)q[i] - 1u;
+        mask |= nonzero << i;
+        k += (int)nonzero;
+    }
+    for (int r = 0; r < HPCDL_BLOCK; ++r) values[r] = r < k ? values[r] : 0u;
+    int n_planes = hp_sparse_planes(words_total, k), out = 1, fill = 0;
+    hp_planes_of(values, n_planes, planes);
     words[0] = mask;
-    int planes = hp_sparse_planes(words_total, k), out = 1, fill = 0;
     hp_u64 pending = 0;
-    for (int j = 0; j < planes; ++j) {
-        hp_u32 plane = 0;
-        for (int r = 0; r < k; ++r) plane |= ((values[r] >> j) & 1u) << r;
-        pending |= (hp_u64)plane << fill;
+    for (int j = 0; j < n_planes; ++j) {
+        pending |= (hp_u64)planes[j] << fill;
         fill += k;
         if (fill >= 32) words[out++] = (hp_u32)pending, pending >>= 32, fill -= 32;
     }
@@ -300,24 +324,26 @@ HPCDL_HD inline void hp_sparse_pack(const hp_i32* q, int count, int words_total,
 
 // Inverse of hp_sparse_pack; reads only words[0 .. words_total - 1], whatever the mask says.
 HPCDL_HD inline void hp_sparse_unpack(const hp_u32* words, int words_total, hp_i32* q) {
-    hp_u32 values[HPCDL_BLOCK], mask = words[0];
-    int k = hp_popcount(mask), planes = hp_sparse_planes(words_total, k), in = 1, fill = 0;
+    hp_u32 values[HPCDL_BLOCK], planes[HPCDL_BLOCK], mask = words[0];
+    int k = hp_popcount(mask), n_planes = hp_sparse_planes(words_total, k), in = 1, fill = 0;
     hp_u64 pending = 0, keep = k == 32 ? 0xffffffffull : (1ull << k) - 1;
-    for (int r = 0; r < HPCDL_BLOCK; ++r) values[r] = 0;
-    for (int j = 0; j < planes; ++j) {
+    for (int j = 0; j < n_planes; ++j) {
         if (fill < k) pending |= (hp_u64)words[in++] << fill, fill += 32;
-        hp_u32 plane = (hp_u32)(pending & keep);
+        planes[j] = (hp_u32)(pending & keep);
         pending >>= k;
         fill -= k;
-        for (int r = 0; r < k; ++r) values[r] |= ((plane >> r) & 1u) << j;
     }
-    for (int i = 0, r = 0; i < HPCDL_BLOCK; ++i) q[i] = ((mask >> i) & 1u) ? (hp_i32)(values[r++] + 1u) : 0;
+    hp_lanes_of(planes, n_planes, values);
+    for (int i = 0, r = 0; i < HPCDL_BLOCK; ++i) {  // branch-free expansion
+        hp_u32 on = (mask >> i) & 1u;
+        q[i] = (hp_i32)((values[r & 31] + 1u) & (0u - on));
+        r += (int)on;
+    }
 }
 
 // Writes the block's words; for zigzag, unsigned and Lorenzo, word j holds bit j of the 32 lane values
 // (lanes >= count are 0).
 HPCDL_HD inline void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_u32* words) {
-    const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     int width = header & 63, predictor = header >> 6;
     if (predictor == HPCDL_PRED_SPARSE) {
         hp_sparse_pack(q, count, width, words);
@@ -330,16 +356,11 @@ HPCDL_HD inline void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_
         u[i] = predictor == HPCDL_PRED_UNSIGNED ? (hp_u32)v : predictor == HPCDL_PRED_LORENZO ? lorenzo : hp_zigzag(v);
         u[i] = i < count ? u[i] : 0u;
     }
-    for (int j = 0; j < width; ++j) {
-        hp_u32 word = 0;
-        for (int i = 0; i < HPCDL_BLOCK; ++i) word |= ((u[i] >> j) & 1u) ? lane_bit[i] : 0u;
-        words[j] = word;
-    }
+    hp_planes_of(u, width, words);
 }
 
 // Inverse of hp_block_pack for a validated header (at most 32 words); writes 32 codes.
 HPCDL_HD inline void hp_block_unpack(hp_u8 header, const hp_u32* words, hp_i32* q) {
-    const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     int width = header & 63, predictor = header >> 6;
     if (predictor == HPCDL_PRED_SPARSE) {
         if (width > 0) hp_sparse_unpack(words, width, q);
@@ -347,11 +368,7 @@ HPCDL_HD inline void hp_block_unpack(hp_u8 header, const hp_u32* words, hp_i32* 
         return;
     }
     hp_u32 u[HPCDL_BLOCK];
-    for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] = 0;
-    for (int j = 0; j < width; ++j) {
-        hp_u32 word = words[j], plane_bit = 1u << j;
-        for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] |= (word & lane_bit[i]) ? plane_bit : 0u;
-    }
+    hp_lanes_of(words, width, u);
     if (predictor == HPCDL_PRED_UNSIGNED) {
         for (int i = 0; i < HPCDL_BLOCK; ++i) q[i] = (hp_i32)u[i];
     } else if (predictor == HPCDL_PRED_ZIGZAG) {
