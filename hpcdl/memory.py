@@ -230,8 +230,12 @@ def _measure_here(setup: Callable, device: torch.device) -> PeakReport:
     return PeakReport(_status_bytes("VmHWM") - before, before, "cpu", "cpu_peak_rss", info or {})
 
 
-class _Child:
-    """A fresh Python process that measures steps sent to it (pickles over its stdin and stdout)."""
+class MeasuringProcess:
+    """A fresh Python process that measures the steps sent to it (pickles over its stdin and stdout).
+
+    Each measurement builds its own state and resets the high-water mark, so one process can serve many; pass it
+    as ``process=`` to :func:`peak` and :func:`search_batch` to pay for starting Python and torch once.
+    """
 
     def __init__(self, threads: int | None = None):
         env = {**os.environ, **_CHILD_ENV, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -241,7 +245,7 @@ class _Child:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
         )
 
-    def measure(self, setup: Callable) -> PeakReport:
+    def peak(self, setup: Callable) -> PeakReport:
         payload = pickle.dumps(setup)
         try:
             self.process.stdin.write(struct.pack("<Q", len(payload)) + payload)
@@ -263,7 +267,7 @@ class _Child:
         self.process.stdout.close()
         self.process.stdout.close()  # else a ResourceWarning at garbage collection (an error under pytest)
 
-    def __enter__(self) -> "_Child":
+    def __enter__(self) -> "MeasuringProcess":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -304,14 +308,16 @@ def _device_of(setup) -> torch.device:
     return torch.device(setup.device if isinstance(setup, TrainStep) else "cpu")
 
 
-def peak(setup: Callable, *, device: str | None = None, threads: int | None = None) -> PeakReport:
+def peak(
+    setup: Callable, *, device: str | None = None, threads: int | None = None, process: MeasuringProcess | None = None
+) -> PeakReport:
     """The true peak memory of one training step, above what existed before it.
 
     ``setup`` is a picklable zero-argument callable that builds the state
     (model, data, optimizer) and returns the step function, e.g. a
     :class:`TrainStep`. The step runs once to warm up, then once measured. On
-    CUDA it runs here; on the CPU in a fresh process (module-level callables
-    only; their module must be importable there).
+    CUDA it runs here; on the CPU in a fresh process, or in ``process`` if
+    given (module-level callables only; their module must be importable there).
     """
     if not callable(setup):
         raise TypeError(f"peak takes a setup callable (e.g. hpcdl.memory.TrainStep) that returns the step, got {setup!r}")
@@ -320,8 +326,10 @@ def peak(setup: Callable, *, device: str | None = None, threads: int | None = No
         return _measure_here(setup, target)
     if target.type != "cpu":
         raise ValueError(f"peak measures on 'cpu' or 'cuda', got {target}")
-    with _Child(threads) as child:
-        return child.measure(setup)
+    if process is not None:
+        return process.peak(setup)
+    with MeasuringProcess(threads) as fresh:
+        return fresh.peak(setup)
 
 
 # -- the batch it buys --------------------------------------------------------------------------------------
@@ -359,6 +367,7 @@ def search_batch(
     seed: int = 0,
     threads: int | None = None,
     on_probe: Callable[[int, PeakReport], None] | None = None,
+    process: MeasuringProcess | None = None,
     **workload,
 ) -> BatchSearch:
     """Search measured peaks for the largest batch within ``budget_bytes``; see :func:`max_batch`."""
@@ -370,12 +379,12 @@ def search_batch(
     label = policy.describe() if policy is not None else "none"
     probes: dict[int, PeakReport] = {}
     target = torch.device(device)
-    child = _Child(threads) if target.type == "cpu" else None
+    child = (process or MeasuringProcess(threads)) if target.type == "cpu" else None
 
     def fits(batch_size: int) -> bool:
         step = TrainStep(work, batch_size, policy, device, threshold, seed)
         try:
-            report = child.measure(step) if child else _measure_here(step, target)
+            report = child.peak(step) if child else _measure_here(step, target)
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             report = PeakReport(budget + 1, 0, str(target), "cuda_out_of_memory")
@@ -388,13 +397,12 @@ def search_batch(
         good, bad = 0, None
         if fits(start):
             good = start
-            while bad is None:
-                if good * 2 > limit:
-                    break
-                if fits(good * 2):
-                    good *= 2
+            while bad is None and good < limit:
+                candidate = min(2 * good, limit)
+                if fits(candidate):
+                    good = candidate
                 else:
-                    bad = good * 2
+                    bad = candidate
         else:
             bad = start
         if bad is not None:
@@ -405,7 +413,7 @@ def search_batch(
                 else:
                     bad = middle
     finally:
-        if child:
+        if child is not None and child is not process:
             child.close()
     if good == 0:
         raise ValueError(

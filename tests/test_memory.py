@@ -38,23 +38,26 @@ def test_peak_is_what_the_step_itself_allocates():
 
 @pytest.mark.slow
 def test_compression_lowers_the_measured_peak_of_a_training_step():
-    baseline = memory.peak(memory.TrainStep(SMALL_CNN, 16, None))
-    compressed = memory.peak(memory.TrainStep(SMALL_CNN, 16, "sz:rel=1e-2"))
+    with memory.MeasuringProcess() as process:  # one process serves both measurements
+        baseline = memory.peak(memory.TrainStep(SMALL_CNN, 16, None), process=process)
+        compressed = memory.peak(memory.TrainStep(SMALL_CNN, 16, "sz:rel=1e-2"), process=process)
     saved_per_sample = 6 * 2 * 8 * 32 * 32 * 4  # six conv+BN+ReLU layers save two float maps each
     assert baseline.peak_bytes > 16 * saved_per_sample
     assert compressed.activation_ratio > 4
-    assert baseline.peak_bytes / compressed.peak_bytes > 2
+    assert baseline.peak_bytes / compressed.peak_bytes > 1.8  # measured 2.4 (7.5 MiB -> 3.2 MiB)
 
 
 @pytest.mark.slow
 def test_search_finds_the_largest_batch_whose_measured_peak_fits():
     budget = 6 * MiB
-    found = memory.search_batch(SMALL_CNN, None, budget, start=4, limit=64)
+    with memory.MeasuringProcess() as process:
+        found = memory.search_batch(SMALL_CNN, None, budget, start=4, limit=64, process=process)
+        at_limit = memory.search_batch(SMALL_CNN, None, "6MiB", start=2, limit=3, process=process)
     probes = dict(found.probes)
     assert found.batch_size >= 4 and not found.hit_limit
     assert probes[found.batch_size].peak_bytes <= budget < probes[found.batch_size + 1].peak_bytes
     assert found.peak_bytes == probes[found.batch_size].peak_bytes
-    assert memory.max_batch(SMALL_CNN, None, "6MiB", start=found.batch_size, limit=found.batch_size) == found.batch_size
+    assert at_limit.batch_size == 3 and at_limit.hit_limit and [b for b, _ in at_limit.probes] == [2, 3]
 
 
 def test_a_budget_below_one_sample_is_refused():

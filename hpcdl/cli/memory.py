@@ -41,12 +41,13 @@ def run(args) -> int:
     def show(batch_size, report):
         print(f"    batch {batch_size:>6}: peak {human_bytes(report.peak_bytes)}", file=sys.stderr, flush=True)
 
-    options = dict(device=args.device, start=args.start, limit=args.limit, threads=args.threads, threshold=threshold,
-                   on_probe=show)
-    baseline = memory.search_batch(workload, None, args.budget, **options)
-    compressed = memory.search_batch(workload, args.policy, args.budget, **options)
-    same_batch = memory.peak(memory.TrainStep(workload, baseline.batch_size, args.policy, args.device, threshold),
-                             threads=args.threads)
+    with memory.MeasuringProcess(args.threads) as process:
+        options = dict(device=args.device, start=args.start, limit=args.limit, threshold=threshold, on_probe=show,
+                       process=process)
+        baseline = memory.search_batch(workload, None, args.budget, **options)
+        compressed = memory.search_batch(workload, args.policy, args.budget, **options)
+        same_batch = memory.peak(memory.TrainStep(workload, baseline.batch_size, args.policy, args.device, threshold),
+                                 process=process)
     print(f"model {workload.describe()}, budget {human_bytes(baseline.budget_bytes)} per device ({args.device})")
     for label, found in (("baseline", baseline), (compressed.policy, compressed)):
         limit_note = f" (the --limit {args.limit}; more may fit)" if found.hit_limit else ""
