@@ -46,6 +46,9 @@ def test_two_run_sweep_writes_valid_results_resumes_and_reports(tmp_path):
     assert sum(m["original"] for m in quant["per_module"].values()) > 0
     stats = read_results(tmp_path).activation_stats()[("hep-cnn", lines[0]["scale"])]
     assert stats and all(0 <= s["zero_fraction"] <= 1 for s in stats.values())
+    peaks = read_results(tmp_path).step_peaks()[("hep-cnn", lines[0]["scale"])]
+    assert set(peaks) == {"baseline", "quant:bits=2"} and all(p["peak_bytes"] > 0 for p in peaks.values())
+    assert 0 < peaks["quant:bits=2"]["activation_packed_bytes"] < peaks["quant:bits=2"]["activation_original_bytes"]
 
     before = (tmp_path / "results.jsonl").read_text()
     again = run_sweep(runs, tmp_path, progress=False)

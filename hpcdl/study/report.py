@@ -31,9 +31,9 @@ def _spread(value: Spread | None, digits: int = 3, signed: bool = False, suffix:
 
 def _table(summary: ModelSummary) -> list[str]:
     lines = [
-        f"| method | activation ratio | peak-memory reduction | final {summary.metric_name} | "
-        f"change vs baseline | step-time ratio | seeds |",
-        "|---|---|---|---|---|---|---|",
+        f"| method | activation ratio | peak-memory reduction (run) | peak-memory reduction (one step) | "
+        f"final {summary.metric_name} | change vs baseline | step-time ratio | seeds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for method in summary.methods:
         if not method.seeds:
@@ -43,7 +43,9 @@ def _table(summary: ModelSummary) -> list[str]:
             change += " **hurts**"
         lines.append(
             f"| {method.method} | {_spread(method.activation_ratio, 2, suffix='x')} | "
-            f"{_spread(method.peak_reduction, 2, suffix='x')} | {_spread(method.val_metric)} | {change} | "
+            f"{_spread(method.peak_reduction, 2, suffix='x')} | "
+            f"{'—' if method.step_peak_reduction is None else f'{method.step_peak_reduction:.2f}x'} | "
+            f"{_spread(method.val_metric)} | {change} | "
             f"{_spread(method.step_time_ratio, 2, suffix='x')} | {','.join(map(str, method.seeds))} |"
         )
     return lines
@@ -88,6 +90,7 @@ def write_report(out: str | os.PathLike) -> Path:
     if not runs:
         raise ValueError(f"the results in {out} hold no run records yet; run `hpcdl study run --out {out}` first")
     activation_stats = results.activation_stats()
+    step_peaks = results.step_peaks()
     statuses = [run["status"] for run in runs]
     env = next((run for run in runs if run["status"] == "ok"), runs[0])
     device = env["device"]
@@ -100,9 +103,12 @@ def write_report(out: str | os.PathLike) -> Path:
         f"({device.get('name') or device.get('cpu')}, {device['threads']} threads).",
         "",
         "How to read the tables: *activation ratio* = bytes autograd saved for backward / bytes the method held "
-        "for them (higher saves more); *peak-memory reduction* = baseline peak / method peak, measured by the "
-        "trainer (higher saves more); *change vs baseline* = final validation metric minus the baseline's, paired "
-        "by seed (same initial weights and data order); *step-time ratio* = median step time / baseline's "
+        "for them (higher saves more); *peak-memory reduction (run)* = baseline peak / method peak, measured by "
+        "the trainer over the whole run (higher saves more); *peak-memory reduction (one step)* = the same for "
+        "one training step measured alone in a clean process by `hpcdl.memory.peak` (same model, per-device "
+        "batch, data and method; the tighter number on a CPU); *change vs baseline* = final validation metric "
+        "minus the baseline's, paired by seed (same initial weights and data order); *step-time ratio* = median "
+        "step time / baseline's "
         "(higher is slower). Values are mean ± std [min, max] over seeds. A method **hurts** when its metric fell "
         "for every seed and by more on average than the baseline's own spread across seeds.",
     ]
@@ -110,7 +116,7 @@ def write_report(out: str | os.PathLike) -> Path:
         lines += ["", f"Note: `{Path(path).name}` ends in an unfinished line (a run killed while writing); "
                       f"it is ignored: `{text[:80]}`"]
     for (model, scale), model_runs in group_runs(runs).items():
-        summary = summarise_model(model_runs)
+        summary = summarise_model(model_runs, step_peaks.get((model, scale)))
         stem = f"{model}-{scale}"
         lines += ["", f"## {model} ({scale})", ""]
         lines += _setup(model_runs)

@@ -46,6 +46,7 @@ class MethodSummary:
     val_metric: Spread | None = None
     metric_change: Spread | None = None
     step_time_ratio: Spread | None = None
+    step_peak_reduction: float | None = None  # baseline's single-step peak / this method's (hpcdl.study.steppeak)
     hurts: bool = False
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -73,8 +74,14 @@ def metric_name(run: dict) -> str:
     return f"val {run.get('metric_name') or 'metric'}"
 
 
-def summarise_model(runs: list[dict]) -> ModelSummary:
-    """Summarise the run records of one (model, scale); ``runs`` holds every status."""
+def summarise_model(runs: list[dict], step_peaks: dict[str, dict] | None = None) -> ModelSummary:
+    """Summarise the run records of one (model, scale); ``runs`` holds every status.
+
+    ``step_peaks``: this model's single-step peak records by method spec, if measured.
+    """
+    step_peaks = step_peaks or {}
+    baseline_step = next((record.get("peak_bytes") for record in step_peaks.values()
+                          if record.get("method_kind") == "baseline"), None)
     model, scale = runs[0]["model"], runs[0]["scale"]
     ok = [run for run in runs if run["status"] == "ok"]
     baseline = {run["seed"]: run for run in ok if run["method_kind"] == "baseline"}
@@ -104,6 +111,7 @@ def summarise_model(runs: list[dict]) -> ModelSummary:
         changes = [_difference(final_metric(run), final_metric(base)) for run, base in paired]
         summary.metric_change = Spread.of(changes)
         summary.hurts = _hurts(changes, spread)
+        summary.step_peak_reduction = _ratio(baseline_step, step_peaks.get(name, {}).get("peak_bytes"))
         methods.append(summary)
     starts: dict[int, set] = {}
     for run in ok:

@@ -80,6 +80,12 @@ class RunSpec:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     @property
+    def step_peak_key(self) -> str:
+        """Identifies the single-step peak measurement: the run's identity without seed, epochs and steps."""
+        identity = {k: v for k, v in self.identity().items() if k not in ("seed", "epochs", "steps_per_epoch")}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
     def label(self) -> str:
         return f"{self.model}/{self.scale} {self.method.spec} seed={self.seed}"
 
@@ -109,6 +115,7 @@ class SweepSummary:
     failed: list[str] = field(default_factory=list)
     already_done: list[str] = field(default_factory=list)
     truncated: dict[str, str] = field(default_factory=dict)  # results file -> its unfinished last line
+    step_peaks: int = 0  # single-step peak measurements made
 
 
 def base_config_for(model: str) -> str | dict:
@@ -247,6 +254,55 @@ def activation_stats_record(run: RunSpec) -> dict:
     return record
 
 
+def step_peak_record(run: RunSpec, record: dict, process) -> dict:
+    """One step of ``run``'s model, per-device batch and method, measured alone (see :mod:`hpcdl.study.steppeak`)."""
+    import torch
+
+    import hpcdl.models
+    from hpcdl import memory
+    from hpcdl.study.steppeak import step_setup
+    from hpcdl.train.trainer import _datasets
+
+    peak = {"kind": "step_peak", "record_version": RECORD_VERSION, "key": run.step_peak_key, "model": run.model,
+            "scale": run.scale, "method": run.method.spec, "method_kind": run.method.kind,
+            "per_device_batch": record["per_device_batch"]}
+    try:
+        config = record["config"]
+        train_set, _ = _datasets(config, hpcdl.models.spec(run.model))
+        samples = [train_set[index] for index in range(min(len(train_set), record["per_device_batch"]))]
+        batch = (torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples]))
+        device = "cuda" if record["device"]["type"] == "cuda" else "cpu"
+        setup = step_setup(config, run.method, record["model_options"], batch, device)
+        report = memory.peak(setup, process=process) if device == "cpu" else memory.peak(setup)
+        peak.update(peak_bytes=report.peak_bytes, peak_kind=report.method, device=report.device,
+                    activation_original_bytes=report.info.get("activation_original_bytes"),
+                    activation_packed_bytes=report.info.get("activation_packed_bytes"))
+    except Exception as err:  # an extra measurement: its failure is recorded, the sweep goes on
+        peak["error"] = f"{type(err).__name__}: {err}"
+    return peak
+
+
+def measure_step_peaks(runs: list[RunSpec], out: Path, shard: tuple[int, int], progress: bool) -> int:
+    """Measure the single-step peak of every finished (ok) run's (model, method) not yet measured; return how many."""
+    from tqdm import tqdm
+
+    from hpcdl.memory import MeasuringProcess
+
+    results = read_results(out)
+    finished = {record["key"]: record for record in results.runs() if record["status"] == "ok"}
+    measured = {record["key"] for record in results.records if record.get("kind") == "step_peak"}
+    todo: dict[str, tuple[RunSpec, dict]] = {}
+    for run in runs:
+        if run.key in finished and run.method.kind != "offload" and run.step_peak_key not in measured:
+            todo.setdefault(run.step_peak_key, (run, finished[run.key]))
+    if not todo:
+        return 0
+    with MeasuringProcess() as process:
+        for run, record in tqdm(list(todo.values()), desc="step peaks", unit="step", disable=not progress):
+            append_record(out, step_peak_record(run, record, process), shard)
+    return len(todo)
+
+
 def execute(run: RunSpec, out: Path, progress: bool = True) -> dict:
     """Run one sweep entry through the trainer and return its results record (status ok, skipped or failed)."""
     import torch
@@ -351,6 +407,8 @@ def run_sweep(runs: list[RunSpec], out: str | os.PathLike, progress: bool = True
         {"ok": summary.ran, "skipped": summary.skipped, "failed": summary.failed}[record["status"]].append(run.key)
         if progress and root:
             tqdm.write(summary_line(record))
+    if root:
+        summary.step_peaks = measure_step_peaks(runs, out, shard, progress)
     return summary
 
 
