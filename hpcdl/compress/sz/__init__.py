@@ -26,7 +26,6 @@ from hpcdl.compress.sz.stream import (
     BLOCK,
     Layout,
     check_payload_length,
-    index_dtype,
     raw_payload_size,
     read_stream_header,
     validate_block_headers,

@@ -45,12 +45,21 @@ def _module():
     return cupy, cupy.RawModule(code=source, options=("--fmad=false", "--std=c++14", f"-I{directory}"))
 
 
+def _argument(cupy, value):
+    """A zero-copy cupy view of a CUDA tensor (a null pointer for an empty one, which the kernels never read)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.numel() == 0:
+        return np.uint64(0)
+    return cupy.asarray(value.view(_STORAGE.get(value.dtype, value.dtype)))
+
+
 def _launch(name: str, numel: int, *args) -> None:
     cupy, module = _module()
     blocks = block_count(numel)
     if blocks == 0:
         return
-    converted = [cupy.asarray(a.view(_STORAGE.get(a.dtype, a.dtype))) if isinstance(a, torch.Tensor) else a for a in args]
+    converted = [_argument(cupy, a) for a in args]
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     with stream:
         module.get_function(name)(((blocks + THREADS - 1) // THREADS,), (THREADS,), tuple(converted))
