@@ -122,14 +122,15 @@ def plot_module_ratios(runs: list[dict], path: Path) -> bool:
         if run["status"] != "ok" or not run.get("per_module") or run["method_kind"] != "codec":
             continue
         method = ratios.setdefault(run["method"], {})
+        steps = max(run.get("steps") or 1, 1)
         for name, entry in run["per_module"].items():
             if entry.get("packed"):
                 method.setdefault(name, entry["original"] / entry["packed"])
-                sizes[name] = max(sizes.get(name, 0), entry["original"])
+                sizes[name] = max(sizes.get(name, 0), entry["original"] / steps)
     if not ratios:
         return False
-    modules = top_modules(sizes)
-    fig, ax = plt.subplots(figsize=(11, 0.35 * len(modules) * max(1, len(ratios)) / 2 + 2))
+    modules = top_modules(sizes, TOP_MODULES * 3 // 4)
+    fig, ax = plt.subplots(figsize=(11, 0.1 * len(modules) * len(ratios) + 2))
     height = 0.8 / len(ratios)
     for index, (method, values) in enumerate(ratios.items()):
         positions = [row + index * height for row in range(len(modules))]

@@ -24,7 +24,7 @@ def _spread(value: Spread | None, digits: int = 3, signed: bool = False, suffix:
         return "—"
     sign = "+" if signed else ""
     text = f"{value.mean:{sign}.{digits}f}{suffix}"
-    if value.n > 1:
+    if value.n > 1 and value.high > value.low:
         text += f" ± {value.std:.{digits}f} [{value.low:{sign}.{digits}f}, {value.high:{sign}.{digits}f}]"
     return text
 
