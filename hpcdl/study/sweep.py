@@ -118,7 +118,10 @@ class SweepSummary:
     step_peaks: int = 0  # single-step peak measurements made
 
 
-def base_config_for(model: str) -> str | dict:
+TRAINER_DEFAULTS = "trainer-defaults"  # base config name of a model without a shipped config
+
+
+def base_config_for(model: str) -> str:
     """The trainer config a model's runs start from: its CPU-scale shipped config, else the trainer's defaults.
 
     A shipped config whose ``model.name`` is ``model`` carries the optimizer and data settings its
@@ -128,9 +131,7 @@ def base_config_for(model: str) -> str | dict:
     from hpcdl.train.config import load_config, shipped_configs
 
     matches = [name for name in shipped_configs() if load_config(name)["model"]["name"] == model]
-    if matches:
-        return min(matches, key=lambda name: (len(name), name))
-    return {"name": model, "model": {"name": model}}
+    return min(matches, key=lambda name: (len(name), name)) if matches else TRAINER_DEFAULTS
 
 
 def plan_sweep(models: list[str], methods: str | list[str | Method], seeds: list[int], epochs: int,
@@ -151,11 +152,10 @@ def plan_sweep(models: list[str], methods: str | list[str | Method], seeds: list
         if model_scale not in spec.scales:
             raise ValueError(f"model {model!r} has no scale {model_scale!r}; its scales are {list(spec.scales)}")
         base = base_config or base_config_for(model)
-        base_name = base if isinstance(base, str) else "trainer-defaults"
         for seed in seeds:
             for method in parsed:
                 runs.append(RunSpec(model=model, scale=model_scale, method=method, seed=int(seed), epochs=epochs,
-                                    batch=batch, base_config=base_name, steps_per_epoch=steps_per_epoch,
+                                    batch=batch, base_config=base, steps_per_epoch=steps_per_epoch,
                                     extra=tuple(extra)))
     return runs
 
@@ -163,7 +163,7 @@ def plan_sweep(models: list[str], methods: str | list[str | Method], seeds: list
 def _resolve_config(run: RunSpec) -> dict:
     from hpcdl.train import load_config
 
-    base = run.base_config if run.base_config != "trainer-defaults" else {"name": run.model, "model": {"name": run.model}}
+    base = {"model": {"name": run.model}} if run.base_config == TRAINER_DEFAULTS else run.base_config
     return load_config(base, overrides=run.overrides())
 
 
