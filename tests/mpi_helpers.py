@@ -39,20 +39,25 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_mpi(nranks: int, argv: list[str], timeout: float = 120, env: dict[str, str] | None = None):
+def run_mpi(nranks: int, argv: list[str], timeout: float = 300, env: dict[str, str] | None = None):
     """``mpirun -np nranks argv...``; returns the CompletedProcess, raising with its output if it failed."""
     command = [mpirun_path(), "-np", str(nranks), "--oversubscribe", *argv]
     return _run(command, timeout, mpi_env(env))
 
 
-def run_horovodrun_gloo(nranks: int, argv: list[str], timeout: float = 120, env: dict[str, str] | None = None):
+def run_horovodrun_gloo(nranks: int, argv: list[str], timeout: float = 300, env: dict[str, str] | None = None):
     """``horovodrun --gloo -np nranks -H localhost:nranks argv...`` (no MPI involved)."""
     command = [horovodrun_path(), "--gloo", "-np", str(nranks), "-H", f"localhost:{nranks}", *argv]
     return _run(command, timeout, mpi_env(env))
 
 
 def _run(command: list[str], timeout: float, env: dict[str, str]):
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as err:
+        raise AssertionError(
+            f"{' '.join(command)} did not finish in {timeout:.0f} s\n--- stdout\n{err.stdout}\n--- stderr\n{err.stderr}"
+        ) from None
     if result.returncode != 0:
         raise AssertionError(
             f"{' '.join(command)} exited {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
