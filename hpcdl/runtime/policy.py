@@ -34,7 +34,6 @@ from hpcdl.compress import ERROR_BOUND_MODES, FLOAT_DTYPES, Codec, get_codec
 
 MASK_CODEC = {"id": "bitmask"}
 INDEX_CODEC = {"id": "int"}
-KINDS = ("activation", "mask", "index")
 
 
 @dataclass(frozen=True)
