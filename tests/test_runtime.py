@@ -439,3 +439,18 @@ def test_a_used_policy_pickles_for_a_measuring_process():
     copy = pickle.loads(pickle.dumps(policy))
     assert copy.step == 1 and copy.grad_stats == policy.grad_stats and copy.describe() == "PerModuleController"
     assert copy.codec({"id": "raw"}) == policy.codec({"id": "raw"})
+
+
+def test_top_level_names_and_retain_graph():
+    assert hpcdl.compressed is compressed and hpcdl.Policy is Policy and hpcdl.memory.max_batch
+    model, x, y, loss_fn = _case("cnn")
+    expected, _ = _grads(model, x, y, loss_fn)
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    with hpcdl.compressed(model, ALL_RAW, threshold=0) as session:
+        loss = loss_fn(model(x), y)
+    loss.backward(retain_graph=True)  # packed data must survive for the second backward
+    assert session.live_entries > 0
+    loss.backward()
+    assert session.live_entries == 0
+    _assert_identical({k: 2 * v for k, v in expected.items()}, {n: p.grad for n, p in model.named_parameters()})
