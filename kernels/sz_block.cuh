@@ -178,8 +178,9 @@ HPCDL_HD inline typename D::T hp_sz_value(hp_i32 q, const HpSzParams& p) {
     } else {
         value = (T)(hp_i32)(2u * magnitude - 1u) * (T)p.eb;
     }
-    value = negative ? -value : value;
-    return magnitude ? value : (T)0;
+    // sign and zero as bit operations (a negation is a sign-bit flip), so the loops stay branch- and blend-free
+    UT sign = (UT)negative << (sizeof(UT) * 8 - 1), keep = magnitude ? ~(UT)0 : (UT)0;
+    return D::from_bits((D::bits(value) ^ sign) & keep);
 }
 
 // Code of one element before verification: sign(x) * level, or 0 for zero, NaN, +-Inf and levels past HPCDL_MAX_Q.
