@@ -225,7 +225,11 @@ def _measure_here(setup: Callable, device: torch.device) -> PeakReport:
         return PeakReport(torch.cuda.max_memory_allocated(device) - before, before, str(device),
                           "cuda_max_allocated", info or {})
     before = _status_bytes("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident size
+    except OSError as err:
+        raise RuntimeError(f"measuring a CPU peak needs Linux's /proc/self/clear_refs to reset the peak RSS ({err}); "
+                           "measure on a Linux host, or on CUDA") from err
     info = step()
     return PeakReport(_status_bytes("VmHWM") - before, before, "cpu", "cpu_peak_rss", info or {})
 
