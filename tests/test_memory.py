@@ -6,7 +6,6 @@ import functools
 
 import pytest
 import torch
-from conftest import require
 from runtime_models import allocating_setup, wide_cnn_batch
 
 from hpcdl import memory
@@ -96,8 +95,8 @@ def test_batch_size_command_reports_bad_input(capsys):
     assert "error:" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_peak_on_cuda_uses_the_allocator():
-    require(torch.cuda.is_available(), "needs a CUDA GPU")
     baseline = memory.peak(memory.TrainStep(SMALL_CNN, 16, None, device="cuda"))
     compressed = memory.peak(memory.TrainStep(SMALL_CNN, 16, "sz:rel=1e-2", device="cuda"))
     assert baseline.method == "cuda_max_allocated" and baseline.peak_bytes > 0
