@@ -253,3 +253,15 @@ def test_host_value_range_is_the_contract_value_range():
         x[[3, 7, 11]] = torch.tensor([float("nan"), float("inf"), -float("inf")]).to(dtype)
         assert host.value_range(x) == value_range(x)
     assert host.value_range(torch.tensor([float("nan")])) == value_range(torch.tensor([float("nan")])) == 0.0
+
+
+def test_packed_over_an_unaligned_buffer_decodes():
+    """A Packed whose payload starts at an odd address (a view into a foreign buffer) still decodes correctly."""
+    x = torch.relu(torch.randn(500))
+    packed = get_codec({"id": "sz", "mode": "abs", "bound": 1e-3}).encode(x)
+    shifted = torch.zeros(packed.data.numel() + 1, dtype=torch.uint8)
+    shifted[1:] = packed.data
+    unaligned = Packed(packed.header, shifted[1:])
+    assert unaligned.data.data_ptr() % 8 != 0
+    assert _same_bits(get_codec({"id": "sz", "mode": "abs", "bound": 1e-3}).decode(unaligned),
+                      get_codec({"id": "sz", "mode": "abs", "bound": 1e-3}).decode(packed))

@@ -20,6 +20,7 @@ from hpcdl.compress.sz import backend_module
 from hpcdl.compress.sz.stream import (
     BLOCK,
     Layout,
+    aligned_payload,
     check_payload_length,
     raw_payload_size,
     read_stream_header,
@@ -103,7 +104,7 @@ class IntCodec(Codec):
         if dtype not in INT_DTYPES or flags not in (0, FLAG_RAW) or block != BLOCK:
             raise CodecError(f"int packed header has impossible fields {header.fields} for {dtype}: corrupted")
         layout = Layout(code_count(numel, dtype), n_words, 0, 0)
-        data = packed.data
+        data = aligned_payload(packed.data)
         check_payload_length(data, raw_payload_size(numel, dtype) if flags == FLAG_RAW else layout.total, self.codec_id)
         kernels = backend_module(backend, data.device)
         if kernels.checksum(data) != expected_sum:

@@ -25,6 +25,7 @@ from hpcdl.compress.sz.params import CODE_MODES, MANTISSA_BITS, MODE_CODES, SzPa
 from hpcdl.compress.sz.stream import (
     BLOCK,
     Layout,
+    aligned_payload,
     check_payload_length,
     raw_payload_size,
     read_stream_header,
@@ -140,7 +141,7 @@ class Sz(Codec):
                 or shift > MANTISSA_BITS[compute_dtype(dtype)] or not eb >= 0 or n_outliers > n):
             raise CodecError(f"sz packed header has impossible fields {header.fields} for {dtype}: corrupted")
         layout = Layout(n, n_words, n_outliers, dtype.itemsize)
-        data = packed.data
+        data = aligned_payload(packed.data)
         check_payload_length(data, raw_payload_size(n, dtype) if flags == FLAG_RAW else layout.total, cls.codec_id)
         kernels = backend_module(backend, data.device)
         if kernels.checksum(data) != expected_sum:

@@ -1,7 +1,8 @@
 """The host build of the block kernels (hpcdl/_kernels_host*.so, built by setup.py), through ctypes.
 
 Same functions and signatures as reference.py. Callers pass contiguous CPU
-tensors whose lengths were validated; the C code trusts them. ctypes releases
+tensors whose lengths were validated and whose payloads are 8-byte aligned
+(stream.aligned_payload); the C code trusts them. ctypes releases
 the GIL during each call, and the library runs its block loops on OpenMP threads.
 """
 

@@ -129,6 +129,12 @@ def validate_outlier_indices(indices: torch.Tensor, numel: int, codec_id: str) -
         raise CodecError(f"{codec_id} outlier indices are out of range or not strictly increasing: corrupted")
 
 
+def aligned_payload(data: torch.Tensor) -> torch.Tensor:
+    """The payload, or an aligned copy when it does not start on an 8-byte boundary (a Packed over a foreign
+    buffer may not): its sections are read as u32, int64 and u64 words."""
+    return data.clone() if data.storage_offset() % 8 or data.data_ptr() % 8 or not data.is_contiguous() else data
+
+
 def check_payload_length(data: torch.Tensor, expected: int, codec_id: str) -> None:
     if data.numel() != expected:
         raise CodecError(f"{codec_id} payload has {data.numel()} bytes, the header implies {expected}: truncated or corrupted")
