@@ -4,15 +4,24 @@
 #include "sz_block.cuh"
 
 template <class D, int MODE>
-static hp_i64 sz_encode(const void* x, hp_i64 n, const HpSzParams& p, hp_i32* q, hp_u8* outlier, hp_u8* headers) {
+static hp_i64 sz_headers(const void* x, hp_i64 n, const HpSzParams& p, hp_u8* headers, hp_i32* outlier_counts) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, outliers = 0;
 #pragma omp parallel for schedule(static) reduction(+ : outliers)
     for (hp_i64 b = 0; b < blocks; ++b) {
-        hp_sz_encode_block<D, MODE>((const typename D::S*)x, n, b, p, q, outlier, headers);
-        int count = hp_block_count(n, b);
-        for (int i = 0; i < count; ++i) outliers += outlier[b * HPCDL_BLOCK + i];
+        hp_sz_header_block<D, MODE>((const typename D::S*)x, n, b, p, headers, outlier_counts);
+        outliers += outlier_counts[b];
     }
     return outliers;
+}
+
+template <class D, int MODE>
+static void sz_pack(const void* x, hp_i64 n, const HpSzParams& p, const hp_u8* headers, const hp_i64* offsets,
+                    const hp_i64* outlier_offsets, hp_u32* words, void* indices, int index64, void* values) {
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (hp_i64 b = 0; b < blocks; ++b)
+        hp_sz_pack_block<D, MODE>((const typename D::S*)x, n, b, p, headers, offsets, outlier_offsets, words, indices,
+                                  index64, (typename D::S*)values);
 }
 
 template <class D, int MODE>
@@ -25,10 +34,20 @@ static void sz_decode(const hp_u8* headers, const hp_i64* offsets, const hp_u32*
 }
 
 template <class D>
-static hp_i64 sz_encode_mode(int mode, const void* x, hp_i64 n, const HpSzParams& p, hp_i32* q, hp_u8* outlier,
-                             hp_u8* headers) {
-    if (mode == HPCDL_MODE_PW_REL) return sz_encode<D, HPCDL_MODE_PW_REL>(x, n, p, q, outlier, headers);
-    return sz_encode<D, HPCDL_MODE_ABS>(x, n, p, q, outlier, headers);
+static hp_i64 sz_headers_mode(int mode, const void* x, hp_i64 n, const HpSzParams& p, hp_u8* headers,
+                              hp_i32* outlier_counts) {
+    if (mode == HPCDL_MODE_PW_REL) return sz_headers<D, HPCDL_MODE_PW_REL>(x, n, p, headers, outlier_counts);
+    return sz_headers<D, HPCDL_MODE_ABS>(x, n, p, headers, outlier_counts);
+}
+
+template <class D>
+static void sz_pack_mode(int mode, const void* x, hp_i64 n, const HpSzParams& p, const hp_u8* headers,
+                         const hp_i64* offsets, const hp_i64* outlier_offsets, hp_u32* words, void* indices,
+                         int index64, void* values) {
+    if (mode == HPCDL_MODE_PW_REL)
+        sz_pack<D, HPCDL_MODE_PW_REL>(x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
+    else
+        sz_pack<D, HPCDL_MODE_ABS>(x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
 }
 
 template <class D>
@@ -72,16 +91,39 @@ hp_i64 hpcdl_finite_range(int dtype, const void* x, hp_i64 n, double* lowest, do
 }
 
 
-// Quantizes x (dtype code `dtype`) into codes q, outlier flags and block headers.
+// Encoding pass 1: block headers and per-block outlier counts of x (dtype code `dtype`).
 // Returns the number of outliers, or -1 for an unknown dtype.
-hp_i64 hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
-                    hp_i32* q, hp_u8* outlier, hp_u8* headers) {
+hp_i64 hpcdl_sz_headers(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
+                        hp_u8* headers, hp_i32* outlier_counts) {
     HpSzParams p = {eb, inv, bound, shift};
     switch (dtype) {
-        case HPCDL_DTYPE_F32: return sz_encode_mode<HpF32>(mode, x, n, p, q, outlier, headers);
-        case HPCDL_DTYPE_F16: return sz_encode_mode<HpF16>(mode, x, n, p, q, outlier, headers);
-        case HPCDL_DTYPE_BF16: return sz_encode_mode<HpBF16>(mode, x, n, p, q, outlier, headers);
-        case HPCDL_DTYPE_F64: return sz_encode_mode<HpF64>(mode, x, n, p, q, outlier, headers);
+        case HPCDL_DTYPE_F32: return sz_headers_mode<HpF32>(mode, x, n, p, headers, outlier_counts);
+        case HPCDL_DTYPE_F16: return sz_headers_mode<HpF16>(mode, x, n, p, headers, outlier_counts);
+        case HPCDL_DTYPE_BF16: return sz_headers_mode<HpBF16>(mode, x, n, p, headers, outlier_counts);
+        case HPCDL_DTYPE_F64: return sz_headers_mode<HpF64>(mode, x, n, p, headers, outlier_counts);
+    }
+    return -1;
+}
+
+// Encoding pass 2: every block's words at `offsets`, its outliers at `outlier_offsets` (exclusive prefix sums).
+// Returns 0, or -1 for an unknown dtype.
+int hpcdl_sz_pack(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
+                  const hp_u8* headers, const hp_i64* offsets, const hp_i64* outlier_offsets, hp_u32* words,
+                  void* indices, int index64, void* values) {
+    HpSzParams p = {eb, inv, bound, shift};
+    switch (dtype) {
+        case HPCDL_DTYPE_F32:
+            sz_pack_mode<HpF32>(mode, x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
+            return 0;
+        case HPCDL_DTYPE_F16:
+            sz_pack_mode<HpF16>(mode, x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
+            return 0;
+        case HPCDL_DTYPE_BF16:
+            sz_pack_mode<HpBF16>(mode, x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
+            return 0;
+        case HPCDL_DTYPE_F64:
+            sz_pack_mode<HpF64>(mode, x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
+            return 0;
     }
     return -1;
 }

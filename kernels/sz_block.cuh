@@ -387,27 +387,61 @@ HPCDL_HD inline int hp_block_count(hp_i64 n, hp_i64 block) {
     return left < HPCDL_BLOCK ? (int)left : HPCDL_BLOCK;
 }
 
-// Quantizes one block: codes and decoded values in the compute type, then the float64 check.
-// Two uniform-width passes, so the host compiler vectorizes both.
+// Quantizes one block into codes q[0..31] (lanes >= count are 0) and returns the mask of its outlier lanes.
+// Codes and decoded values in the compute type, then the float64 check: two uniform-width passes, so the host
+// compiler vectorizes both. Encoding runs this twice per block (headers, then packing) instead of keeping a
+// 4-byte code per element in memory between the passes.
 template <class D, int MODE>
-HPCDL_HD inline void hp_sz_encode_block(const typename D::S* x, hp_i64 n, hp_i64 block, const HpSzParams& p,
-                                        hp_i32* q, hp_u8* outlier, hp_u8* headers) {
+HPCDL_HD inline hp_u32 hp_sz_quantize_block(const typename D::S* x, hp_i64 n, hp_i64 block, const HpSzParams& p,
+                                            hp_i32* q) {
     typedef typename D::T T;
-    hp_i64 start = block * HPCDL_BLOCK;
+    const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
+    const typename D::S* xb = x + block * HPCDL_BLOCK;
     int count = hp_block_count(n, block);
     T xs[HPCDL_BLOCK], ys[HPCDL_BLOCK];
     hp_i32 codes[HPCDL_BLOCK], plus_zero[HPCDL_BLOCK];
+    hp_u8 outlier[HPCDL_BLOCK];
+    const HpSzParams local = p;  // stores through q may alias p; a local copy may not
     for (int i = 0; i < count; ++i) {
-        xs[i] = D::load(x[start + i]);
+        xs[i] = D::load(xb[i]);
         plus_zero[i] = D::bits(xs[i]) == 0;
-        codes[i] = hp_sz_code<D, MODE>(xs[i], p);
-        ys[i] = D::load(D::store(hp_sz_value<D, MODE>(codes[i], p)));
+        codes[i] = hp_sz_code<D, MODE>(xs[i], local);
+        ys[i] = D::load(D::store(hp_sz_value<D, MODE>(codes[i], local)));
     }
-    const HpSzParams local = p;  // the byte stores to outlier[] may alias p; a local copy may not
     for (int i = 0; i < count; ++i)
-        hp_sz_check<MODE>((double)xs[i], (double)ys[i], codes[i], plus_zero[i] != 0, local, &q[start + i],
-                          &outlier[start + i]);
-    headers[block] = hp_block_header(q + start, count);
+        hp_sz_check<MODE>((double)xs[i], (double)ys[i], codes[i], plus_zero[i] != 0, local, &q[i], &outlier[i]);
+    hp_u32 mask = 0;
+    for (int i = 0; i < count; ++i) mask |= outlier[i] ? lane_bit[i] : 0u;
+    for (int i = count; i < HPCDL_BLOCK; ++i) q[i] = 0;
+    return mask;
+}
+
+// Encoding pass 1: the block's header byte and its number of outliers.
+template <class D, int MODE>
+HPCDL_HD inline void hp_sz_header_block(const typename D::S* x, hp_i64 n, hp_i64 block, const HpSzParams& p,
+                                        hp_u8* headers, hp_i32* outlier_counts) {
+    hp_i32 q[HPCDL_BLOCK];
+    hp_u32 outliers = hp_sz_quantize_block<D, MODE>(x, n, block, p, q);
+    headers[block] = hp_block_header(q, hp_block_count(n, block));
+    outlier_counts[block] = hp_popcount(outliers);
+}
+
+// Encoding pass 2, after the prefix sums of words and outlier counts: the block's words, and its outliers'
+// flat indices (int64 if index64, else int32) and exact values.
+template <class D, int MODE>
+HPCDL_HD inline void hp_sz_pack_block(const typename D::S* x, hp_i64 n, hp_i64 block, const HpSzParams& p,
+                                      const hp_u8* headers, const hp_i64* offsets, const hp_i64* outlier_offsets,
+                                      hp_u32* words, void* indices, int index64, typename D::S* values) {
+    hp_i32 q[HPCDL_BLOCK];
+    hp_u32 outliers = hp_sz_quantize_block<D, MODE>(x, n, block, p, q);
+    hp_i64 start = block * HPCDL_BLOCK, slot = outlier_offsets[block];
+    hp_block_pack(q, hp_block_count(n, block), headers[block], words + offsets[block]);
+    for (int i = 0; outliers != 0; ++i, outliers >>= 1) {
+        if (!(outliers & 1u)) continue;
+        if (index64) ((hp_i64*)indices)[slot] = start + i;
+        else ((hp_i32*)indices)[slot] = (hp_i32)(start + i);
+        values[slot++] = x[start + i];
+    }
 }
 
 template <class D, int MODE>

@@ -7,14 +7,28 @@
 #define HPCDL_BLOCKS(n) (((n) + HPCDL_BLOCK - 1) / HPCDL_BLOCK)
 
 #define HPCDL_SZ_KERNELS(SUFFIX, TYPE)                                                                              \
-    extern "C" __global__ void hpcdl_sz_encode_##SUFFIX(const TYPE::S* x, hp_i64 n, int mode, double eb, double inv, \
-                                                        double bound, int shift, hp_i32* q, hp_u8* outlier,          \
-                                                        hp_u8* headers) {                                            \
+    extern "C" __global__ void hpcdl_sz_headers_##SUFFIX(const TYPE::S* x, hp_i64 n, int mode, double eb,           \
+                                                         double inv, double bound, int shift, hp_u8* headers,       \
+                                                         hp_i32* outlier_counts) {                                   \
         hp_i64 b = HPCDL_BLOCK_INDEX;                                                                                \
         if (b >= HPCDL_BLOCKS(n)) return;                                                                            \
         HpSzParams p = {eb, inv, bound, shift};                                                                      \
-        if (mode == HPCDL_MODE_PW_REL) hp_sz_encode_block<TYPE, HPCDL_MODE_PW_REL>(x, n, b, p, q, outlier, headers); \
-        else hp_sz_encode_block<TYPE, HPCDL_MODE_ABS>(x, n, b, p, q, outlier, headers);                              \
+        if (mode == HPCDL_MODE_PW_REL) hp_sz_header_block<TYPE, HPCDL_MODE_PW_REL>(x, n, b, p, headers, outlier_counts); \
+        else hp_sz_header_block<TYPE, HPCDL_MODE_ABS>(x, n, b, p, headers, outlier_counts);                          \
+    }                                                                                                                \
+    extern "C" __global__ void hpcdl_sz_pack_##SUFFIX(const TYPE::S* x, hp_i64 n, int mode, double eb, double inv,  \
+                                                      double bound, int shift, const hp_u8* headers,                 \
+                                                      const hp_i64* offsets, const hp_i64* outlier_offsets,          \
+                                                      hp_u32* words, void* indices, int index64, TYPE::S* values) {  \
+        hp_i64 b = HPCDL_BLOCK_INDEX;                                                                                \
+        if (b >= HPCDL_BLOCKS(n)) return;                                                                            \
+        HpSzParams p = {eb, inv, bound, shift};                                                                      \
+        if (mode == HPCDL_MODE_PW_REL)                                                                               \
+            hp_sz_pack_block<TYPE, HPCDL_MODE_PW_REL>(x, n, b, p, headers, offsets, outlier_offsets, words, indices, \
+                                                      index64, values);                                              \
+        else                                                                                                         \
+            hp_sz_pack_block<TYPE, HPCDL_MODE_ABS>(x, n, b, p, headers, offsets, outlier_offsets, words, indices,    \
+                                                   index64, values);                                                 \
     }                                                                                                                \
     extern "C" __global__ void hpcdl_sz_decode_##SUFFIX(const hp_u8* headers, const hp_i64* offsets,                 \
                                                         const hp_u32* words, hp_i64 n, int mode, double eb,          \

@@ -106,13 +106,11 @@ class Sz(Codec):
         x = tensor.detach().contiguous().reshape(-1)
         n = x.numel()
         params = SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, x, kernels.value_range)
-        q, outlier, headers = kernels.sz_encode(x, params)
+        headers, outlier_counts = kernels.sz_headers(x, params)
         offsets, n_words = word_offsets(headers)
-        if outlier is None:
-            indices = torch.empty(0, dtype=torch.int64, device=x.device)
-        else:
-            indices = torch.nonzero(outlier).reshape(-1)
-        layout = Layout(n, n_words, indices.numel(), x.element_size())
+        outlier_ends = torch.cumsum(outlier_counts, 0)
+        n_outliers = int(outlier_ends[-1]) if n else 0
+        layout = Layout(n, n_words, n_outliers, x.element_size())
         if layout.total > raw_payload_size(n, x.dtype):
             flags, n_words, layout = FLAG_RAW, 0, Layout(n, 0, 0, x.element_size())
             data = torch.zeros(raw_payload_size(n, x.dtype), dtype=torch.uint8, device=x.device)
@@ -121,9 +119,8 @@ class Sz(Codec):
             flags = 0
             data = torch.zeros(layout.total, dtype=torch.uint8, device=x.device)
             layout.headers(data).copy_(headers)
-            kernels.pack(q, headers, offsets, layout.words(data))
-            layout.indices(data).copy_(indices)
-            layout.values(data, x.dtype).copy_(x[indices])
+            kernels.sz_pack(x, params, headers, offsets, outlier_ends - outlier_counts, layout.words(data),
+                            layout.indices(data), layout.values(data, x.dtype))
         header = write_stream_header(
             self.codec_id, tensor.dtype, tensor.shape, FIELDS, MODE_CODES[params.mode], flags, BLOCK, params.shift,
             params.bound, params.eb, n_words, layout.n_outliers, kernels.checksum(data),

@@ -65,15 +65,22 @@ def _launch(name: str, numel: int, *args) -> None:
         module.get_function(name)(((blocks + THREADS - 1) // THREADS,), (THREADS,), tuple(converted))
 
 
-def sz_encode(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sz_headers(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.numel()
-    q = torch.empty(n, dtype=torch.int32, device=x.device)
-    outlier = torch.empty(n, dtype=torch.uint8, device=x.device)
     headers = torch.empty(block_count(n), dtype=torch.uint8, device=x.device)
-    _launch(f"hpcdl_sz_encode_{_SUFFIX[x.dtype]}", n, x, np.int64(n), np.int32(params.kernel_mode),
+    outlier_counts = torch.empty(block_count(n), dtype=torch.int32, device=x.device)
+    _launch(f"hpcdl_sz_headers_{_SUFFIX[x.dtype]}", n, x, np.int64(n), np.int32(params.kernel_mode),
             np.float64(params.eb), np.float64(params.inv), np.float64(params.bound), np.int32(params.shift),
-            q, outlier, headers)
-    return q, outlier if bool(outlier.any()) else None, headers
+            headers, outlier_counts)
+    return headers, outlier_counts
+
+
+def sz_pack(x: torch.Tensor, params: SzParams, headers: torch.Tensor, offsets: torch.Tensor,
+            outlier_offsets: torch.Tensor, words: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    n = x.numel()
+    _launch(f"hpcdl_sz_pack_{_SUFFIX[x.dtype]}", n, x, np.int64(n), np.int32(params.kernel_mode),
+            np.float64(params.eb), np.float64(params.inv), np.float64(params.bound), np.int32(params.shift),
+            headers, offsets, outlier_offsets, words, indices, np.int32(indices.dtype == torch.int64), values)
 
 
 def block_headers(q: torch.Tensor) -> torch.Tensor:

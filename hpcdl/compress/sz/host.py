@@ -23,9 +23,12 @@ def _load() -> ctypes.CDLL | None:
     package = Path(__file__).resolve().parents[2]
     for candidate in sorted(package.glob("_kernels_host*.so")):
         library = ctypes.CDLL(str(candidate))
-        library.hpcdl_sz_encode.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int,
-                                            c_void_p, c_void_p, c_void_p]
-        library.hpcdl_sz_encode.restype = c_int64
+        library.hpcdl_sz_headers.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int,
+                                             c_void_p, c_void_p]
+        library.hpcdl_sz_headers.restype = c_int64
+        library.hpcdl_sz_pack.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int,
+                                          c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p]
+        library.hpcdl_sz_pack.restype = c_int
         library.hpcdl_finite_range.argtypes = [c_int, c_void_p, c_int64, POINTER(c_double), POINTER(c_double)]
         library.hpcdl_finite_range.restype = c_int64
         library.hpcdl_sz_decode.argtypes = [c_int, c_void_p, c_void_p, c_void_p, c_int64, c_int, c_double, c_double,
@@ -64,15 +67,20 @@ def value_range(x: torch.Tensor) -> float:
     return highest.value - lowest.value if finite else 0.0
 
 
-def sz_encode(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sz_headers(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.numel()
-    q = torch.empty(n, dtype=torch.int32)
-    outlier = torch.empty(n, dtype=torch.uint8)
     headers = torch.empty(block_count(n), dtype=torch.uint8)
-    outliers = _check(LIBRARY.hpcdl_sz_encode(DTYPE_CODES[x.dtype], _ptr(x), n, params.kernel_mode, params.eb,
-                                              params.inv, params.bound, params.shift, _ptr(q), _ptr(outlier),
-                                              _ptr(headers)))
-    return q, outlier if outliers else None, headers
+    outlier_counts = torch.empty(block_count(n), dtype=torch.int32)
+    _check(LIBRARY.hpcdl_sz_headers(DTYPE_CODES[x.dtype], _ptr(x), n, params.kernel_mode, params.eb, params.inv,
+                                    params.bound, params.shift, _ptr(headers), _ptr(outlier_counts)))
+    return headers, outlier_counts
+
+
+def sz_pack(x: torch.Tensor, params: SzParams, headers: torch.Tensor, offsets: torch.Tensor,
+            outlier_offsets: torch.Tensor, words: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    _check(LIBRARY.hpcdl_sz_pack(DTYPE_CODES[x.dtype], _ptr(x), x.numel(), params.kernel_mode, params.eb, params.inv,
+                                 params.bound, params.shift, _ptr(headers), _ptr(offsets), _ptr(outlier_offsets),
+                                 _ptr(words), _ptr(indices), int(indices.dtype == torch.int64), _ptr(values)))
 
 
 def block_headers(q: torch.Tensor) -> torch.Tensor:

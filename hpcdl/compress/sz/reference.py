@@ -14,7 +14,7 @@ from hpcdl.compress.base import value_range
 from hpcdl.compress.sz.params import KERNEL_MODE_PW_REL, MAX_Q, SzParams, compute_dtype
 from hpcdl.compress.sz.stream import BLOCK, block_count
 
-__all__ = ["block_headers", "checksum", "pack", "sz_decode", "sz_encode", "unpack", "value_range"]
+__all__ = ["block_headers", "checksum", "pack", "sz_decode", "sz_headers", "sz_pack", "unpack", "value_range"]
 
 PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO, PRED_SPARSE = 0, 1, 2, 3
 _CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
@@ -156,10 +156,22 @@ def _sparse_words(lanes: torch.Tensor, present: torch.Tensor, n_words: torch.Ten
     return torch.cat([mask, stream_words], dim=1)
 
 
-def sz_encode(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Codes, outlier flags (None when there are none) and block headers of a flat float tensor."""
+def sz_headers(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoding pass 1: block headers (uint8) and outliers per block (int32) of a flat float tensor."""
     q, outlier = quantize(x, params)
-    return q, outlier if bool(outlier.any()) else None, block_headers(q)
+    per_block = torch.zeros(block_count(x.numel()) * BLOCK, dtype=torch.int32, device=x.device)
+    per_block[: x.numel()] = outlier.to(torch.int32)
+    return block_headers(q), per_block.view(-1, BLOCK).sum(dim=1, dtype=torch.int32)
+
+
+def sz_pack(x: torch.Tensor, params: SzParams, headers: torch.Tensor, offsets: torch.Tensor,
+            outlier_offsets: torch.Tensor, words: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
+    """Encoding pass 2: the blocks' words, then the outliers' sorted flat indices and exact values."""
+    q, outlier = quantize(x, params)
+    pack(q, headers, offsets, words)
+    found = torch.nonzero(outlier).reshape(-1)
+    indices.copy_(found)
+    values.copy_(x[found])
 
 
 def pack(q: torch.Tensor, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor) -> None:
