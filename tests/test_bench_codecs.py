@@ -21,17 +21,15 @@ def quick_report(tmp_path_factory):
     # one intra-op thread: on a busy shared CPU, waking worker threads would dominate the tiny --quick tensors
     out = tmp_path_factory.mktemp("bench") / "codecs.json"
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        assert main(["bench", "codecs", "--quick", "--bounds", "1e-1,1e-2", "--out", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    assert main(["bench", "codecs", "--quick", "--bounds", "1e-1,1e-2", "--threads", "1", "--out", str(out)]) == 0
+    assert torch.get_num_threads() == threads, "the run restores torch's thread count"
     return json.loads(out.read_text())
 
 
 def test_report_has_every_field(quick_report):
     report = quick_report
     assert report["quick"] is True and report["bounds"] == [0.1, 0.01] and report["repeats"] == 1
+    assert report["machine"]["torch_threads"] == 1
     assert report["memcpy_gbps"] > 0
     assert {"cpu_count", "torch", "torch_threads", "sz_backend", "load_average_1min"} <= set(report["machine"])
     assert [w["model"] for w in report["workloads"]] == ["resnet18", "vit"]

@@ -58,13 +58,28 @@ def codec_suite(bounds: tuple[float, ...] = DEFAULT_BOUNDS) -> list[Entry]:
 
 
 def run_codec_benchmark(bounds: tuple[float, ...] = DEFAULT_BOUNDS, quick: bool = False, repeats: int | None = None,
-                        device: str = "cpu", seed: int = 0, progress=None) -> dict:
-    """Capture the activations, run every entry of :func:`codec_suite` on them, and return the JSON-safe report."""
+                        device: str = "cpu", seed: int = 0, threads: int | None = None, progress=None) -> dict:
+    """Capture the activations, run every entry of :func:`codec_suite` on them, and return the JSON-safe report.
+
+    ``threads`` sets torch's intra-op threads for the run (the sz host kernels share torch's OpenMP runtime,
+    so they follow it); None keeps the current setting.
+    """
     if not bounds:
         raise ValueError("give at least one error bound, e.g. --bounds 1e-1,1e-2,1e-3")
     repeats = repeats if repeats is not None else (1 if quick else 3)
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or previous_threads)
+    try:
+        return _run(tuple(bounds), quick, repeats, device, seed, progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(bounds: tuple[float, ...], quick: bool, repeats: int, device: str, seed: int, progress) -> dict:
     workloads = benchmark_activations(quick=quick, seed=seed, device=device)
     floats = [(w.model, t) for w in workloads for t in w.tensors if t.dtype.is_floating_point]
     report = {
@@ -79,7 +94,7 @@ def run_codec_benchmark(bounds: tuple[float, ...] = DEFAULT_BOUNDS, quick: bool 
         "throughput_note": "GB/s of original bytes, best of repeats; *_cpu_gbps per CPU-second of this process",
         "results": [],
     }
-    for entry in codec_suite(tuple(bounds)):
+    for entry in codec_suite(bounds):
         if progress:
             progress(entry.label)
         report["results"].append(measure(entry, floats, repeats))

@@ -46,6 +46,8 @@ def _register_codecs(bench_subparsers) -> None:
                         help="timing repeats; the best is reported (default 3, or 1 with --quick)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda; sz3 and zfp run on CPU only")
     parser.add_argument("--seed", type=int, default=0, help="seed for the model weights and input images")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch (and sz host kernel) threads for the run (default: torch's current setting)")
     parser.set_defaults(handler=run_codecs)
 
 
@@ -76,6 +78,7 @@ def run_codecs(args) -> int:
         repeats=args.repeats,
         device=args.device,
         seed=args.seed,
+        threads=args.threads,
         progress=lambda label: print(f"  running {label}", file=sys.stderr, flush=True),
     )
     print(format_report(report))
