@@ -73,8 +73,8 @@ class Quant(Codec):
         count = x.numel()
         if count == 0:
             return Packed(header, torch.empty(0, dtype=torch.uint8, device=x.device))
-        nonfinite = int((~torch.isfinite(x)).sum())
-        if nonfinite:
+        if not bool(torch.isfinite(x).all()):
+            nonfinite = int((~torch.isfinite(x)).sum())
             raise ValueError(f"quant cannot encode NaN or Inf ({nonfinite} of {count} values); use sz or raw for this tensor")
         compute = _compute_dtype(tensor.dtype)
         groups = _grouped(x.to(compute), self.group_size)
