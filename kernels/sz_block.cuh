@@ -258,13 +258,14 @@ HPCDL_HD inline int hp_sparse_planes(int words, int k) {
 HPCDL_HD inline hp_u8 hp_block_header(const hp_i32* q, int count) {
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     hp_u32 any_zigzag = hp_zigzag(q[0]), any_lorenzo = any_zigzag, any_unsigned = (hp_u32)q[0];
-    hp_u32 any_sparse = q[0] ? (hp_u32)q[0] - 1u : 0u, mask = q[0] ? 1u : 0u;
-    for (int i = 1; i < count; ++i) {
+    hp_u32 nonzero = q[0] != 0, any_sparse = (hp_u32)q[0] - nonzero, mask = nonzero;
+    for (int i = 1; i < count; ++i) {  // arithmetic, not selects: the loop must stay vectorizable when inlined
+        nonzero = q[i] != 0;
         any_zigzag |= hp_zigzag(q[i]);
         any_lorenzo |= hp_zigzag((hp_i32)((hp_u32)q[i] - (hp_u32)q[i - 1]));
         any_unsigned |= (hp_u32)q[i];
-        any_sparse |= q[i] ? (hp_u32)q[i] - 1u : 0u;
-        mask |= q[i] ? lane_bit[i] : 0u;
+        any_sparse |= (hp_u32)q[i] - nonzero;
+        mask |= lane_bit[i] & (0u - nonzero);
     }
     int w_zigzag = hp_bit_width(any_zigzag), w_lorenzo = hp_bit_width(any_lorenzo);
     int w_unsigned = (any_unsigned >> 31) ? 64 : hp_bit_width(any_unsigned);  // bit 31 set: some q < 0
