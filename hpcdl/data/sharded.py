@@ -100,20 +100,24 @@ class ShardedLoader:
         buffer: queue.Queue = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
+        def put(item) -> bool:
+            """Hand ``item`` over unless the consumer stopped (it may stop early and never drain the buffer)."""
+            while not stop.is_set():
+                try:
+                    buffer.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def produce() -> None:
             try:
                 for batch in self._batches(start):
-                    while not stop.is_set():
-                        try:
-                            buffer.put(batch, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
+                    if not put(batch):
                         return
-                buffer.put(_DONE)
+                put(_DONE)
             except BaseException as err:  # handed to the training loop, which re-raises it
-                buffer.put(err)
+                put(err)
 
         worker = threading.Thread(target=produce, name="hpcdl-prefetch", daemon=True)
         worker.start()
