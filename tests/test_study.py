@@ -14,13 +14,13 @@ import pytest
 from hpcdl.cli import main
 from hpcdl.study import plan_sweep, read_results, run_sweep, write_report
 
-# Tiny runs: the jet-image CNN on random data, one epoch of two steps, two validation batches.
-FAST = ["data.dataset=synthetic", "data.synthetic_samples=32", "train.val_steps=2"]
+# Tiny runs: the jet-image CNN on random data, one epoch of two steps, one validation batch.
+FAST = ["data.dataset=synthetic", "data.synthetic_samples=16", "train.val_steps=1"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _plan(methods, seeds=(0,), **kw):
-    return plan_sweep(["hep-cnn"], methods, list(seeds), epochs=kw.pop("epochs", 1), batch=8, steps_per_epoch=2,
+    return plan_sweep(["hep-cnn"], methods, list(seeds), epochs=kw.pop("epochs", 1), batch=4, steps_per_epoch=2,
                       extra=FAST, **kw)
 
 
@@ -42,7 +42,7 @@ def test_two_run_sweep_writes_valid_results_resumes_and_reports(tmp_path):
         assert line["median_step_time_s"] > 0 and line["wall_time_s"] > 0 and line["peak_memory_bytes"] > 0
     quant = lines[1]
     assert quant["config"]["compression"]["method"] == "codec" and quant["config"]["compression"]["bits"] == 2
-    assert quant["activation_ratio"] > 4 and quant["activation_packed_bytes"] < quant["activation_original_bytes"]
+    assert quant["activation_ratio"] > 2 and quant["activation_packed_bytes"] < quant["activation_original_bytes"]
     assert sum(m["original"] for m in quant["per_module"].values()) > 0
     stats = read_results(tmp_path).activation_stats()[("hep-cnn", lines[0]["scale"])]
     assert stats and all(0 <= s["zero_fraction"] <= 1 for s in stats.values())
