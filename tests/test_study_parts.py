@@ -13,7 +13,7 @@ from hpcdl.study.activations import capture_activation_stats
 from hpcdl.study.methods import parse_method, parse_methods
 from hpcdl.study.results import append_record, read_results
 from hpcdl.study.summary import summarise_model
-from hpcdl.study.sweep import RunSpec, parse_shard, shard
+from hpcdl.study.sweep import RunSpec, parse_shard, plan_sweep, shard
 from hpcdl.train.config import codec_config, load_config
 
 
@@ -169,3 +169,12 @@ def test_shards_write_their_own_files_and_are_read_together(tmp_path):
                                                            "results.jsonl"]
     parsed = read_results(tmp_path)
     assert [r["key"] for r in parsed.records] == ["c", "a", "b"] and parsed.finished_keys() == {"a", "b", "c"}
+
+
+def test_an_edited_base_config_makes_new_run_keys(tmp_path):
+    config = tmp_path / "base.yaml"
+    config.write_text("model: {name: hep-cnn}\noptimizer: {lr: 1.0e-3}\n")
+    first = plan_sweep(["hep-cnn"], "baseline", [0], epochs=1, base_config=str(config))
+    assert plan_sweep(["hep-cnn"], "baseline", [0], epochs=1, base_config=str(config))[0].key == first[0].key
+    config.write_text("model: {name: hep-cnn}\noptimizer: {lr: 2.0e-3}\n")
+    assert plan_sweep(["hep-cnn"], "baseline", [0], epochs=1, base_config=str(config))[0].key != first[0].key

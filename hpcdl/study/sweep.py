@@ -4,13 +4,14 @@ Every run goes through the trainer (:func:`hpcdl.train.run_training`) with confi
 model, scale, method, seed, epochs and batch, so all methods are measured by the same code, and
 appends one line to ``OUT/results.jsonl`` (see :mod:`hpcdl.study.results`). A run is identified by
 its key, a hash of everything that defines it (model, scale, method overrides, seed, epochs,
-batch, steps per epoch, base config, extra overrides): a resumed sweep skips keys already in the
-file, and ``--shard i/n`` takes every n-th run starting at i, so n processes or Slurm array tasks
+batch, steps per epoch, base config, extra overrides, and the resolved trainer config, so an edited
+base config makes new runs): a resumed sweep skips keys already in the file, and ``--shard i/n`` takes every n-th run starting at i, so n processes or Slurm array tasks
 split a sweep without overlap.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ class RunSpec:
     base_config: str
     steps_per_epoch: int | None = None
     extra: tuple[str, ...] = ()
+    config_digest: str = ""  # hash of the resolved trainer config: an edited base config makes new runs
 
     def overrides(self) -> list[str]:
         """Trainer config overrides for this run, the user's extra ones last (they win)."""
@@ -71,6 +73,7 @@ class RunSpec:
             "steps_per_epoch": self.steps_per_epoch,
             "base_config": self.base_config,
             "extra": list(self.extra),
+            "config_digest": self.config_digest,
         }
 
     @property
@@ -154,10 +157,15 @@ def plan_sweep(models: list[str], methods: str | list[str | Method], seeds: list
         base = base_config or base_config_for(model)
         for seed in seeds:
             for method in parsed:
-                runs.append(RunSpec(model=model, scale=model_scale, method=method, seed=int(seed), epochs=epochs,
-                                    batch=batch, base_config=base, steps_per_epoch=steps_per_epoch,
-                                    extra=tuple(extra)))
+                run = RunSpec(model=model, scale=model_scale, method=method, seed=int(seed), epochs=epochs,
+                              batch=batch, base_config=base, steps_per_epoch=steps_per_epoch, extra=tuple(extra))
+                runs.append(dataclasses.replace(run, config_digest=config_digest(_resolve_config(run))))
     return runs
+
+
+def config_digest(config: dict) -> str:
+    """A stable hash of a resolved trainer config."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _resolve_config(run: RunSpec) -> dict:
