@@ -50,8 +50,8 @@ def test_a_short_run_writes_its_run_directory(tmp_path):
 
 
 def test_sz_compression_reports_ratio_and_starts_like_the_baseline(tmp_path):
-    baseline = run_training(_config("train.epochs=1"), run_dir=tmp_path / "base")
-    compressed = run_training(_config("train.epochs=1", *SZ), run_dir=tmp_path / "sz")
+    baseline = run_training(_config("train.epochs=1", "logging.every_steps=1"), run_dir=tmp_path / "base")
+    compressed = run_training(_config("train.epochs=1", "logging.every_steps=1", *SZ), run_dir=tmp_path / "sz")
     assert baseline.activation_packed_bytes == 0 and baseline.method == "none"
     assert compressed.method == "codec:sz:rel=0.01"
     assert compressed.activation_ratio > 2 and compressed.per_module
