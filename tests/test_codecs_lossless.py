@@ -166,3 +166,13 @@ def test_cast_validates_streams():
         codec.decode(Packed(write_header("cast", torch.int16, (5,), "B", DTYPE_CODES[torch.float16]), packed.data))
     with pytest.raises(CodecError, match="fields"):
         codec.decode(Packed(write_header("cast", torch.float32, (5,)), packed.data))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("config", [{"id": "bitmask"}, {"id": "cast", "dtype": "bf16"}, {"id": "cast", "dtype": "fp8_e4m3"}])
+def test_cuda_bytes_equal_cpu_bytes(config):
+    codec = get_codec(config)
+    x = torch.randn(3, 1001) > 0 if config["id"] == "bitmask" else torch.randn(3, 1001) * 100
+    on_gpu = codec.encode(x.cuda())
+    assert on_gpu.device.type == "cuda" and torch.equal(on_gpu.data.cpu(), codec.encode(x).data)
+    assert torch.equal(codec.decode(on_gpu).cpu(), codec.decode(codec.encode(x)))

@@ -207,3 +207,14 @@ def test_bit_packing_puts_the_first_value_in_the_low_bits():
     assert pack_bits(torch.tensor([3, 0, 2, 1, 1], dtype=torch.uint8), 2).tolist() == [0b01100011, 0b01]
     with pytest.raises(ValueError, match="bits per value"):
         pack_bits(torch.zeros(3, dtype=torch.uint8), 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tensors_stay_on_the_gpu_within_one_step():
+    x = torch.randn(4, 1000, device="cuda") * 3
+    codec = get_codec({"id": "quant", "bits": 4, "group_size": 128, "seed": 5})
+    packed = codec.encode(x)
+    y = codec.decode(packed)
+    assert packed.device.type == "cuda" and y.device == x.device
+    assert bool(((y - x).abs().reshape(-1).cpu() <= allowed_error(x.cpu(), 4, 128)).all())
+    assert torch.equal(codec.decode(Packed(packed.header, packed.data.cpu())).cuda(), y)
