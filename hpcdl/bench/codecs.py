@@ -61,8 +61,8 @@ def run_codec_benchmark(bounds: tuple[float, ...] = DEFAULT_BOUNDS, quick: bool 
                         device: str = "cpu", seed: int = 0, threads: int | None = None, progress=None) -> dict:
     """Capture the activations, run every entry of :func:`codec_suite` on them, and return the JSON-safe report.
 
-    ``threads`` sets torch's intra-op threads for the run (the sz host kernels share torch's OpenMP runtime,
-    so they follow it); None keeps the current setting.
+    ``threads`` sets torch's intra-op threads for the run (the sz host kernels use as many as torch does);
+    None keeps the current setting.
     """
     if not bounds:
         raise ValueError("give at least one error bound, e.g. --bounds 1e-1,1e-2,1e-3")
