@@ -1,12 +1,21 @@
 // Host build of the block functions in sz_block.cuh: OpenMP loops over 32-element blocks,
 // exported with C linkage for hpcdl/compress/sz/host.py (ctypes). Built by setup.py into
 // hpcdl/_kernels_host*.so with -ffp-contract=off. Arguments are validated in Python first.
+//
+// OpenMP, because torch's CPU build loads libgomp.so.1 first and this library then shares its runtime:
+// one thread team for torch and these loops, sized by torch.set_num_threads. (A separate pool of
+// std::threads was measured slower: torch's idle OpenMP threads spin and compete with it.)
 #include "sz_block.cuh"
+
+// Below these sizes a loop runs on the calling thread: waking a thread team costs more than it saves
+// (milliseconds on a busy machine), and activations come in every size.
+#define HPCDL_PARALLEL_MIN_BLOCKS 8192  // 262144 elements
+#define HPCDL_PARALLEL_MIN_ELEMENTS (1 << 18)  // for the cheap one-pass loops: finite range, checksum
 
 template <class D, int MODE>
 static hp_i64 sz_headers(const void* x, hp_i64 n, const HpSzParams& p, hp_u8* headers, hp_i32* outlier_counts) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, outliers = 0;
-#pragma omp parallel for schedule(static) reduction(+ : outliers)
+#pragma omp parallel for schedule(static) reduction(+ : outliers) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b) {
         hp_sz_header_block<D, MODE>((const typename D::S*)x, n, b, p, headers, outlier_counts);
         outliers += outlier_counts[b];
@@ -18,7 +27,7 @@ template <class D, int MODE>
 static void sz_pack(const void* x, hp_i64 n, const HpSzParams& p, const hp_u8* headers, const hp_i64* offsets,
                     const hp_i64* outlier_offsets, hp_u32* words, void* indices, int index64, void* values) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b)
         hp_sz_pack_block<D, MODE>((const typename D::S*)x, n, b, p, headers, offsets, outlier_offsets, words, indices,
                                   index64, (typename D::S*)values);
@@ -28,7 +37,7 @@ template <class D, int MODE>
 static void sz_decode(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n,
                       const HpSzParams& p, void* out) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b)
         hp_sz_decode_block<D, MODE>(headers, offsets, words, n, b, p, (typename D::S*)out);
 }
@@ -63,7 +72,8 @@ static hp_i64 finite_range(const void* data, hp_i64 n, double* lowest, double* h
     const typename D::S* x = (const typename D::S*)data;
     double lo = 1.0 / 0.0, hi = -1.0 / 0.0;
     hp_i64 finite = 0;
-#pragma omp parallel for simd schedule(static) reduction(min : lo) reduction(max : hi) reduction(+ : finite)
+#pragma omp parallel for simd schedule(static) reduction(min : lo) reduction(max : hi) reduction(+ : finite) \
+    if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
     for (hp_i64 i = 0; i < n; ++i) {
         double v = (double)D::load(x[i]);
         bool is_finite = v - v == 0.0;
@@ -144,28 +154,28 @@ int hpcdl_sz_decode(int dtype, const hp_u8* headers, const hp_i64* offsets, cons
 // Block headers of int32 codes (the `int` codec).
 void hpcdl_block_headers(const hp_i32* q, hp_i64 n, hp_u8* headers) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b) hp_header_block(q, n, b, headers);
 }
 
 // Packs codes into words at the blocks' word offsets (exclusive prefix sum of the widths).
 void hpcdl_pack(const hp_i32* q, hp_i64 n, const hp_u8* headers, const hp_i64* offsets, hp_u32* words) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b) hp_pack_block(q, n, b, headers, offsets, words);
 }
 
 // Unpacks int32 codes (the `int` codec).
 void hpcdl_unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n, hp_i32* q) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b) hp_unpack_block(headers, offsets, words, n, b, q);
 }
 
 // Stream checksum: sum of (2 i + 1) * word[i] over little-endian u64 words, modulo 2^64.
 hp_u64 hpcdl_checksum(const hp_u64* words, hp_i64 n) {
     hp_u64 sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
+#pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
     for (hp_i64 i = 0; i < n; ++i) sum += (2 * (hp_u64)i + 1) * words[i];
     return sum;
 }
