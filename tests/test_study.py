@@ -47,8 +47,9 @@ def test_two_run_sweep_writes_valid_results_resumes_and_reports(tmp_path):
     stats = read_results(tmp_path).activation_stats()[("hep-cnn", lines[0]["scale"])]
     assert stats and all(0 <= s["zero_fraction"] <= 1 for s in stats.values())
     peaks = read_results(tmp_path).step_peaks()[("hep-cnn", lines[0]["scale"])]
-    assert set(peaks) == {"baseline", "quant:bits=2"} and all(p["peak_bytes"] > 0 for p in peaks.values())
-    assert 0 < peaks["quant:bits=2"]["activation_packed_bytes"] < peaks["quant:bits=2"]["activation_original_bytes"]
+    assert set(peaks) == {("baseline", 0), ("quant:bits=2", 0)} and all(p["peak_bytes"] > 0 for p in peaks.values())
+    quant_step = peaks[("quant:bits=2", 0)]
+    assert 0 < quant_step["activation_packed_bytes"] < quant_step["activation_original_bytes"]
 
     before = (tmp_path / "results.jsonl").read_text()
     again = run_sweep(runs, tmp_path, progress=False)

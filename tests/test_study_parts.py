@@ -149,8 +149,12 @@ def test_summary_pairs_methods_with_the_baseline_of_the_same_seed():
             _run("sz", 0, 0.79, 50, step=2.0), _run("sz", 1, 0.83, 25, step=3.0),
             _run("quant", 0, 0.60, 20), _run("quant", 1, 0.61, 20, first=2.4),
             _run("offload", 0, None, None, "offload", status="skipped") | {"reason": "no GPU"}]
-    summary = summarise_model(runs)
+    step_peaks = {("baseline", 0): {"peak_bytes": 90}, ("baseline", 1): {"peak_bytes": 110},
+                  ("sz", 0): {"peak_bytes": 30}, ("sz", 1): {"peak_bytes": 55}}
+    summary = summarise_model(runs, step_peaks)
     by_name = {m.method: m for m in summary.methods}
+    assert by_name["sz"].step_peak_reduction.low == 2.0 and by_name["sz"].step_peak_reduction.high == 3.0
+    assert by_name["quant"].step_peak_reduction is None
     assert [m.method for m in summary.methods] == ["baseline", "sz", "quant", "offload"]
     sz = by_name["sz"]
     assert math.isclose(sz.metric_change.mean, 0.0, abs_tol=1e-12) and math.isclose(sz.metric_change.low, -0.01)

@@ -93,7 +93,8 @@ def _run(args) -> int:
     summary = run_sweep(mine, args.out, progress=args.progress, retry_failed=args.retry_failed,
                         shard=(index, count))
     print(f"study shard {index}/{count}: {len(mine)} of {len(runs)} runs; ran {len(summary.ran)}, "
-          f"skipped {len(summary.skipped)}, failed {len(summary.failed)}, already done {len(summary.already_done)}; "
+          f"skipped {len(summary.skipped)}, failed {len(summary.failed)}, already done {len(summary.already_done)}, "
+          f"single-step peaks measured {summary.step_peaks}; "
           f"results in {results_path(args.out, (index, count))}")
     for path in summary.truncated:
         print(f"note: {path} ended in an unfinished line (a run killed while writing); it was left as is and "

@@ -44,7 +44,7 @@ def _table(summary: ModelSummary) -> list[str]:
         lines.append(
             f"| {method.method} | {_spread(method.activation_ratio, 2, suffix='x')} | "
             f"{_spread(method.peak_reduction, 2, suffix='x')} | "
-            f"{'—' if method.step_peak_reduction is None else f'{method.step_peak_reduction:.2f}x'} | "
+            f"{_spread(method.step_peak_reduction, 2, suffix='x')} | "
             f"{_spread(method.val_metric)} | {change} | "
             f"{_spread(method.step_time_ratio, 2, suffix='x')} | {','.join(map(str, method.seeds))} |"
         )

@@ -39,12 +39,12 @@ class Results:
         statuses = FINISHED_STATUSES if retry_failed else FINISHED_STATUSES + ("failed",)
         return {run["key"] for run in self.runs() if run.get("status") in statuses}
 
-    def step_peaks(self) -> dict[tuple[str, str], dict[str, dict]]:
-        """Single-step peak records by (model, scale), then by method spec (the last of each)."""
-        peaks: dict[tuple[str, str], dict[str, dict]] = {}
+    def step_peaks(self) -> dict[tuple[str, str], dict[tuple[str, int], dict]]:
+        """Single-step peak records by (model, scale), then by (method spec, seed); the last of each."""
+        peaks: dict[tuple[str, str], dict[tuple[str, int], dict]] = {}
         for record in self.records:
             if record.get("kind") == "step_peak":
-                peaks.setdefault((record["model"], record["scale"]), {})[record["method"]] = record
+                peaks.setdefault((record["model"], record["scale"]), {})[(record["method"], record["seed"])] = record
         return peaks
 
     def activation_stats(self) -> dict[tuple[str, str], dict]:

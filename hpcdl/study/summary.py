@@ -46,7 +46,7 @@ class MethodSummary:
     val_metric: Spread | None = None
     metric_change: Spread | None = None
     step_time_ratio: Spread | None = None
-    step_peak_reduction: float | None = None  # baseline's single-step peak / this method's (hpcdl.study.steppeak)
+    step_peak_reduction: Spread | None = None  # baseline's single-step peak / this method's (hpcdl.study.steppeak)
     hurts: bool = False
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -77,11 +77,10 @@ def metric_name(run: dict) -> str:
 def summarise_model(runs: list[dict], step_peaks: dict[str, dict] | None = None) -> ModelSummary:
     """Summarise the run records of one (model, scale); ``runs`` holds every status.
 
-    ``step_peaks``: this model's single-step peak records by method spec, if measured.
+    ``step_peaks``: this model's single-step peak records by (method spec, seed), if measured.
     """
     step_peaks = step_peaks or {}
-    baseline_step = next((record.get("peak_bytes") for record in step_peaks.values()
-                          if record.get("method_kind") == "baseline"), None)
+    step_peak = {key: record.get("peak_bytes") for key, record in step_peaks.items()}
     model, scale = runs[0]["model"], runs[0]["scale"]
     ok = [run for run in runs if run["status"] == "ok"]
     baseline = {run["seed"]: run for run in ok if run["method_kind"] == "baseline"}
@@ -111,7 +110,9 @@ def summarise_model(runs: list[dict], step_peaks: dict[str, dict] | None = None)
         changes = [_difference(final_metric(run), final_metric(base)) for run, base in paired]
         summary.metric_change = Spread.of(changes)
         summary.hurts = _hurts(changes, spread)
-        summary.step_peak_reduction = _ratio(baseline_step, step_peaks.get(name, {}).get("peak_bytes"))
+        summary.step_peak_reduction = Spread.of([_ratio(step_peak.get((base["method"], seed)),
+                                                        step_peak.get((name, seed)))
+                                                 for seed, base in baseline.items()])
         methods.append(summary)
     starts: dict[int, set] = {}
     for run in ok:

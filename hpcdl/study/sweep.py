@@ -83,12 +83,6 @@ class RunSpec:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     @property
-    def step_peak_key(self) -> str:
-        """Identifies the single-step peak measurement: the run's identity without seed, epochs and steps."""
-        identity = {k: v for k, v in self.identity().items() if k not in ("seed", "epochs", "steps_per_epoch")}
-        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-
-    @property
     def label(self) -> str:
         return f"{self.model}/{self.scale} {self.method.spec} seed={self.seed}"
 
@@ -271,8 +265,8 @@ def step_peak_record(run: RunSpec, record: dict, process) -> dict:
     from hpcdl.study.steppeak import step_setup
     from hpcdl.train.trainer import _datasets
 
-    peak = {"kind": "step_peak", "record_version": RECORD_VERSION, "key": run.step_peak_key, "model": run.model,
-            "scale": run.scale, "method": run.method.spec, "method_kind": run.method.kind,
+    peak = {"kind": "step_peak", "record_version": RECORD_VERSION, "key": run.key, "model": run.model,
+            "scale": run.scale, "method": run.method.spec, "method_kind": run.method.kind, "seed": run.seed,
             "per_device_batch": record["per_device_batch"]}
     try:
         config = record["config"]
@@ -291,7 +285,7 @@ def step_peak_record(run: RunSpec, record: dict, process) -> dict:
 
 
 def measure_step_peaks(runs: list[RunSpec], out: Path, shard: tuple[int, int], progress: bool) -> int:
-    """Measure the single-step peak of every finished (ok) run's (model, method) not yet measured; return how many."""
+    """Measure the single-step peak of every finished (ok) run not yet measured; return how many."""
     from tqdm import tqdm
 
     from hpcdl.memory import MeasuringProcess
@@ -299,15 +293,12 @@ def measure_step_peaks(runs: list[RunSpec], out: Path, shard: tuple[int, int], p
     results = read_results(out)
     finished = {record["key"]: record for record in results.runs() if record["status"] == "ok"}
     measured = {record["key"] for record in results.records if record.get("kind") == "step_peak"}
-    todo: dict[str, tuple[RunSpec, dict]] = {}
-    for run in runs:
-        if run.key in finished and run.method.kind != "offload" and run.step_peak_key not in measured:
-            todo.setdefault(run.step_peak_key, (run, finished[run.key]))
+    todo = [run for run in runs if run.key in finished and run.method.kind != "offload" and run.key not in measured]
     if not todo:
         return 0
     with MeasuringProcess() as process:
-        for run, record in tqdm(list(todo.values()), desc="step peaks", unit="step", disable=not progress):
-            append_record(out, step_peak_record(run, record, process), shard)
+        for run in tqdm(todo, desc="step peaks", unit="step", disable=not progress):
+            append_record(out, step_peak_record(run, finished[run.key], process), shard)
     return len(todo)
 
 
