@@ -36,7 +36,7 @@ host_kernels = Extension(
     include_dirs=[str(KERNELS)],
     depends=[str(KERNELS / "sz_block.cuh")],
     language="c++",
-    extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"],
+    extra_compile_args=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math"],
     extra_link_args=["-fopenmp"],
 )
 

@@ -5,6 +5,8 @@
 // OpenMP, because torch's CPU build loads libgomp.so.1 first and this library then shares its runtime:
 // one thread team for torch and these loops, sized by torch.set_num_threads. (A separate pool of
 // std::threads was measured slower: torch's idle OpenMP threads spin and compete with it.)
+#include <string.h>
+
 #include "sz_block.cuh"
 
 // Below these sizes a loop runs on the calling thread: waking a thread team costs more than it saves
@@ -40,6 +42,72 @@ static void sz_decode(const hp_u8* headers, const hp_i64* offsets, const hp_u32*
 #pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b)
         hp_sz_decode_block<D, MODE>(headers, offsets, words, n, b, p, (typename D::S*)out);
+}
+
+// Fused encoder: blocks are cut into parts of HPCDL_PART_BLOCKS; each part is one pass over its input that
+// quantizes a block, chooses its header and writes its words and outliers at once (while the block's codes are
+// in registers), into scratch at the part's worst-case position (part start * 32 words, part start elements of
+// outliers). hpcdl_sz_assemble then moves the parts' words and outliers into the stream. Both steps depend only
+// on the part size, not on the thread count, so the bytes are those of the two-pass kernels.
+#define HPCDL_PART_BLOCKS 8192
+
+template <class D, int MODE, class I>
+static void sz_encode_part(const typename D::S* x, hp_i64 n, hp_i64 part, const HpSzParams& p, hp_u8* headers,
+                           hp_u32* words, I* indices, typename D::S* values, hp_i64* part_words,
+                           hp_i64* part_outliers) {
+    hp_i64 first = part * HPCDL_PART_BLOCKS, blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
+    hp_i64 last = first + HPCDL_PART_BLOCKS < blocks ? first + HPCDL_PART_BLOCKS : blocks;
+    hp_u32* out = words + first * HPCDL_BLOCK;
+    I* out_index = indices + first * HPCDL_BLOCK;
+    typename D::S* out_value = values + first * HPCDL_BLOCK;
+    hp_i64 written = 0, outliers = 0;
+    const HpSzParams local = p;  // stores through q may alias p; a local copy may not
+    for (hp_i64 b = first; b < last; ++b) {
+        hp_i32 q[HPCDL_BLOCK];
+        int count = hp_block_count(n, b);
+        hp_u32 mask;
+        hp_u8 header;
+        if (count == HPCDL_BLOCK) {  // the constant count lets the compiler unroll and vectorize whole blocks
+            mask = hp_sz_quantize_lanes<D, MODE>(x + b * HPCDL_BLOCK, HPCDL_BLOCK, local, q);
+            header = hp_block_header(q, HPCDL_BLOCK);
+            hp_block_pack(q, HPCDL_BLOCK, header, out + written);
+        } else {
+            mask = hp_sz_quantize_lanes<D, MODE>(x + b * HPCDL_BLOCK, count, local, q);
+            header = hp_block_header(q, count);
+            hp_block_pack(q, count, header, out + written);
+        }
+        headers[b] = header;
+        written += header & 63;
+        for (; mask != 0; mask &= mask - 1) {
+            hp_i64 i = b * HPCDL_BLOCK + __builtin_ctz(mask);
+            out_index[outliers] = (I)i;
+            out_value[outliers++] = x[i];
+        }
+    }
+    part_words[part] = written;
+    part_outliers[part] = outliers;
+}
+
+template <class D, int MODE, class I>
+static void sz_encode(const void* x, hp_i64 n, const HpSzParams& p, hp_u8* headers, hp_u32* words, void* indices,
+                      void* values, hp_i64* part_words, hp_i64* part_outliers) {
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, parts = (blocks + HPCDL_PART_BLOCKS - 1) / HPCDL_PART_BLOCKS;
+#pragma omp parallel for schedule(dynamic, 1) if (parts > 1)
+    for (hp_i64 part = 0; part < parts; ++part)
+        sz_encode_part<D, MODE, I>((const typename D::S*)x, n, part, p, headers, words, (I*)indices,
+                                   (typename D::S*)values, part_words, part_outliers);
+}
+
+template <class D>
+static void sz_encode_mode(int mode, int index64, const void* x, hp_i64 n, const HpSzParams& p, hp_u8* headers,
+                           hp_u32* words, void* indices, void* values, hp_i64* part_words, hp_i64* part_outliers) {
+    if (mode == HPCDL_MODE_PW_REL) {
+        if (index64) sz_encode<D, HPCDL_MODE_PW_REL, hp_i64>(x, n, p, headers, words, indices, values, part_words, part_outliers);
+        else sz_encode<D, HPCDL_MODE_PW_REL, hp_i32>(x, n, p, headers, words, indices, values, part_words, part_outliers);
+    } else {
+        if (index64) sz_encode<D, HPCDL_MODE_ABS, hp_i64>(x, n, p, headers, words, indices, values, part_words, part_outliers);
+        else sz_encode<D, HPCDL_MODE_ABS, hp_i32>(x, n, p, headers, words, indices, values, part_words, part_outliers);
+    }
 }
 
 template <class D>
@@ -149,6 +217,54 @@ int hpcdl_sz_decode(int dtype, const hp_u8* headers, const hp_i64* offsets, cons
         case HPCDL_DTYPE_F64: sz_decode_mode<HpF64>(mode, headers, offsets, words, n, p, out); return 0;
     }
     return -1;
+}
+
+hp_u64 hpcdl_checksum(const hp_u64* words, hp_i64 n);
+
+// Fused encoding, step 1: headers of every block into `headers`, and each part's words and outliers into
+// scratch (words: 32 per block; indices (int64 if index64, else int32) and values: one per element), with each
+// part's word and outlier counts. Returns 0, or -1 for an unknown dtype.
+int hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
+                    int index64, hp_u8* headers, hp_u32* words, void* indices, void* values, hp_i64* part_words,
+                    hp_i64* part_outliers) {
+    HpSzParams p = {eb, inv, bound, shift};
+    switch (dtype) {
+        case HPCDL_DTYPE_F32:
+            sz_encode_mode<HpF32>(mode, index64, x, n, p, headers, words, indices, values, part_words, part_outliers);
+            return 0;
+        case HPCDL_DTYPE_F16:
+            sz_encode_mode<HpF16>(mode, index64, x, n, p, headers, words, indices, values, part_words, part_outliers);
+            return 0;
+        case HPCDL_DTYPE_BF16:
+            sz_encode_mode<HpBF16>(mode, index64, x, n, p, headers, words, indices, values, part_words, part_outliers);
+            return 0;
+        case HPCDL_DTYPE_F64:
+            sz_encode_mode<HpF64>(mode, index64, x, n, p, headers, words, indices, values, part_words, part_outliers);
+            return 0;
+    }
+    return -1;
+}
+
+// Fused encoding, step 2: the stream payload `data` (`total` bytes; sections at words_at, indices_at, values_at,
+// docs/format.md) from the headers and the parts' scratch of hpcdl_sz_encode, zero padding included.
+// Returns the payload checksum.
+hp_u64 hpcdl_sz_assemble(hp_i64 n, const hp_u8* headers, const hp_u32* words, const hp_u8* indices, int index_size,
+                         const hp_u8* values, int value_size, const hp_i64* part_words, const hp_i64* part_outliers,
+                         hp_u8* data, hp_i64 words_at, hp_i64 indices_at, hp_i64 values_at, hp_i64 total) {
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, parts = (blocks + HPCDL_PART_BLOCKS - 1) / HPCDL_PART_BLOCKS;
+    memset(data, 0, (size_t)total);
+    memcpy(data, headers, (size_t)blocks);
+    hp_i64 word_at = words_at, index_at = indices_at, value_at = values_at;
+    for (hp_i64 part = 0; part < parts; ++part) {
+        hp_i64 start = part * HPCDL_PART_BLOCKS * HPCDL_BLOCK;  // the part's first element, and first scratch word
+        memcpy(data + word_at, words + start, (size_t)(4 * part_words[part]));
+        memcpy(data + index_at, indices + start * index_size, (size_t)(index_size * part_outliers[part]));
+        memcpy(data + value_at, values + start * value_size, (size_t)(value_size * part_outliers[part]));
+        word_at += 4 * part_words[part];
+        index_at += index_size * part_outliers[part];
+        value_at += value_size * part_outliers[part];
+    }
+    return hpcdl_checksum((const hp_u64*)data, total / 8);
 }
 
 // Block headers of int32 codes (the `int` codec).

@@ -17,6 +17,21 @@
 #include <math.h>
 #endif
 
+// x86 vector paths of the host build (kernels/host.cpp, built with -march=native): same results as the portable
+// loops, which nvcc and other hosts compile.
+#if !defined(__CUDACC__) && defined(__AVX512F__)
+#define HPCDL_HOST_AVX512 1
+#define HPCDL_HOST_AVX2 1
+#include <immintrin.h>
+#elif !defined(__CUDACC__) && defined(__AVX2__)
+#define HPCDL_HOST_AVX512 0
+#define HPCDL_HOST_AVX2 1
+#include <immintrin.h>
+#else
+#define HPCDL_HOST_AVX512 0
+#define HPCDL_HOST_AVX2 0
+#endif
+
 typedef unsigned char hp_u8;
 typedef unsigned short hp_u16;
 typedef int hp_i32;
@@ -280,23 +295,55 @@ HPCDL_HD inline hp_u8 hp_block_header(const hp_i32* q, int count) {
 }
 
 // Bit planes of 32 lane values: plane j holds bit j of lane i at bit i.
+// On an x86 host with AVX-512 or AVX2 a plane is a vector test or sign-bit movemask of the lanes (the compilers
+// turn the portable loop into a branchy scalar loop); the portable loop is the definition and the GPU's code.
 HPCDL_HD inline void hp_planes_of(const hp_u32* u, int width, hp_u32* planes) {
+#if HPCDL_HOST_AVX512
+    __m512i low = _mm512_loadu_si512((const void*)u), high = _mm512_loadu_si512((const void*)(u + 16));
+    for (int j = 0; j < width; ++j) {
+        __m512i bit = _mm512_set1_epi32((int)(1u << j));
+        planes[j] = (hp_u32)_mm512_test_epi32_mask(low, bit) | ((hp_u32)_mm512_test_epi32_mask(high, bit) << 16);
+    }
+#elif HPCDL_HOST_AVX2
+    __m256i v0 = _mm256_loadu_si256((const __m256i*)u), v1 = _mm256_loadu_si256((const __m256i*)(u + 8));
+    __m256i v2 = _mm256_loadu_si256((const __m256i*)(u + 16)), v3 = _mm256_loadu_si256((const __m256i*)(u + 24));
+    for (int j = 0; j < width; ++j) {
+        __m128i up = _mm_cvtsi32_si128(31 - j);  // bit j to the sign bit
+        hp_u32 m0 = (hp_u32)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(v0, up)));
+        hp_u32 m1 = (hp_u32)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(v1, up)));
+        hp_u32 m2 = (hp_u32)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(v2, up)));
+        hp_u32 m3 = (hp_u32)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_sll_epi32(v3, up)));
+        planes[j] = m0 | (m1 << 8) | (m2 << 16) | (m3 << 24);
+    }
+#else
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     for (int j = 0; j < width; ++j) {
         hp_u32 plane = 0;
         for (int i = 0; i < HPCDL_BLOCK; ++i) plane |= ((u[i] >> j) & 1u) ? lane_bit[i] : 0u;
         planes[j] = plane;
     }
+#endif
 }
 
 // Inverse of hp_planes_of: 32 lane values from `width` bit planes.
 HPCDL_HD inline void hp_lanes_of(const hp_u32* planes, int width, hp_u32* u) {
+#if HPCDL_HOST_AVX512
+    __m512i low = _mm512_setzero_si512(), high = _mm512_setzero_si512();
+    for (int j = 0; j < width; ++j) {
+        __m512i bit = _mm512_set1_epi32((int)(1u << j));
+        low = _mm512_mask_or_epi32(low, (__mmask16)planes[j], low, bit);
+        high = _mm512_mask_or_epi32(high, (__mmask16)(planes[j] >> 16), high, bit);
+    }
+    _mm512_storeu_si512((void*)u, low);
+    _mm512_storeu_si512((void*)(u + 16), high);
+#else
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] = 0;
     for (int j = 0; j < width; ++j) {
         hp_u32 plane = planes[j], plane_bit = 1u << j;
         for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] |= (plane & lane_bit[i]) ? plane_bit : 0u;
     }
+#endif
 }
 
 // Sparse block: word 0 = mask of nonzero lanes; then, for plane j and the r-th nonzero lane, bit j of
@@ -388,17 +435,15 @@ HPCDL_HD inline int hp_block_count(hp_i64 n, hp_i64 block) {
     return left < HPCDL_BLOCK ? (int)left : HPCDL_BLOCK;
 }
 
-// Quantizes one block into codes q[0..31] (lanes >= count are 0) and returns the mask of its outlier lanes.
+// Quantizes one block of `count` (1..32) elements at xb into codes q[0..31] (lanes >= count are 0) and returns the
+// mask of its outlier lanes.
 // Codes and decoded values in the compute type, then the float64 check: two uniform-width passes, so the host
 // compiler vectorizes both. Encoding runs this twice per block (headers, then packing) instead of keeping a
 // 4-byte code per element in memory between the passes.
 template <class D, int MODE>
-HPCDL_HD inline hp_u32 hp_sz_quantize_block(const typename D::S* x, hp_i64 n, hp_i64 block, const HpSzParams& p,
-                                            hp_i32* q) {
+HPCDL_HD inline hp_u32 hp_sz_quantize_lanes(const typename D::S* xb, int count, const HpSzParams& p, hp_i32* q) {
     typedef typename D::T T;
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
-    const typename D::S* xb = x + block * HPCDL_BLOCK;
-    int count = hp_block_count(n, block);
     T xs[HPCDL_BLOCK], ys[HPCDL_BLOCK];
     hp_i32 codes[HPCDL_BLOCK], plus_zero[HPCDL_BLOCK];
     hp_u8 outlier[HPCDL_BLOCK];
@@ -415,6 +460,12 @@ HPCDL_HD inline hp_u32 hp_sz_quantize_block(const typename D::S* x, hp_i64 n, hp
     for (int i = 0; i < count; ++i) mask |= outlier[i] ? lane_bit[i] : 0u;
     for (int i = count; i < HPCDL_BLOCK; ++i) q[i] = 0;
     return mask;
+}
+
+template <class D, int MODE>
+HPCDL_HD inline hp_u32 hp_sz_quantize_block(const typename D::S* x, hp_i64 n, hp_i64 block, const HpSzParams& p,
+                                            hp_i32* q) {
+    return hp_sz_quantize_lanes<D, MODE>(x + block * HPCDL_BLOCK, hp_block_count(n, block), p, q);
 }
 
 // Encoding pass 1: the block's header byte and its number of outliers.

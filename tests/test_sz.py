@@ -105,6 +105,18 @@ def test_activation_like_tensors(dtype, mode, bound):
             assert packed.nbytes < x.numel() * x.element_size() / 3  # it does compress
 
 
+@pytest.mark.parametrize("dtype,mode", [(torch.float32, "rel"), (torch.bfloat16, "pw_rel")])
+def test_tensors_of_several_encoder_parts(dtype, mode):
+    """The host encoder cuts tensors into parts of 2^18 elements: parts' words and outliers join in order."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.relu(torch.randn(2 * 2**18 + 4129, generator=generator)).to(dtype)
+    specials = torch.tensor([math.nan, math.inf, -0.0, 1e30], dtype=dtype)
+    where = torch.tensor([5, 2**18 - 1, 2**18 + 7, 2 * 2**18 + 4128])
+    x[where] = specials
+    packed = _round_trip(x, mode, 1e-2)
+    assert get_codec({"id": "sz", "mode": mode, "bound": 1e-2}).decode(packed)[where].isnan().sum() == 1
+
+
 @pytest.mark.parametrize("shape", [(), (0,), (0, 5), (1,), (31,), (32,), (33,), (1000, 3)])
 def test_shapes(shape):
     x = torch.randn(shape)

@@ -13,6 +13,7 @@ cuda.py (GPU) run the same kernel source, kernels/sz_block.cuh, with identical b
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from types import ModuleType
 
 import torch
@@ -77,6 +78,25 @@ def decode_with(backend: str, packed: Packed) -> torch.Tensor:
     return Sz.decode_with(packed, backend)
 
 
+def _encode_two_passes(kernels: ModuleType, x: torch.Tensor, params: SzParams,
+                       raw_size: int) -> tuple[torch.Tensor, int, int, int] | None:
+    """The payload of flat ``x`` as (data, words, outliers, checksum), or None when it would be larger than
+    ``raw_size`` bytes: block headers and outlier counts, their prefix sums, then the words and outliers (the
+    host library fuses these steps into one pass: host.sz_encode)."""
+    headers, outlier_counts = kernels.sz_headers(x, params)
+    offsets, n_words = word_offsets(headers)
+    outlier_ends = torch.cumsum(outlier_counts, 0)
+    n_outliers = int(outlier_ends[-1]) if x.numel() else 0
+    layout = Layout(x.numel(), n_words, n_outliers, x.element_size())
+    if layout.total > raw_size:
+        return None
+    data = torch.zeros(layout.total, dtype=torch.uint8, device=x.device)
+    layout.headers(data).copy_(headers)
+    kernels.sz_pack(x, params, headers, offsets, outlier_ends - outlier_counts, layout.words(data),
+                    layout.indices(data), layout.values(data, x.dtype))
+    return data, n_words, n_outliers, kernels.checksum(data)
+
+
 @register_codec
 class Sz(Codec):
     """Error-bounded block codec: ``Sz(mode="rel", bound=1e-2)``; modes abs, rel, pw_rel."""
@@ -106,24 +126,20 @@ class Sz(Codec):
         x = tensor.detach().contiguous().reshape(-1)
         n = x.numel()
         params = SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, x, kernels.value_range)
-        headers, outlier_counts = kernels.sz_headers(x, params)
-        offsets, n_words = word_offsets(headers)
-        outlier_ends = torch.cumsum(outlier_counts, 0)
-        n_outliers = int(outlier_ends[-1]) if n else 0
-        layout = Layout(n, n_words, n_outliers, x.element_size())
-        if layout.total > raw_payload_size(n, x.dtype):
-            flags, n_words, layout = FLAG_RAW, 0, Layout(n, 0, 0, x.element_size())
-            data = torch.zeros(raw_payload_size(n, x.dtype), dtype=torch.uint8, device=x.device)
+        raw_size = raw_payload_size(n, x.dtype)
+        encode = host.sz_encode if kernels is host else partial(_encode_two_passes, kernels)
+        encoded = encode(x, params, raw_size)
+        if encoded is None:
+            flags, n_words, n_outliers = FLAG_RAW, 0, 0
+            data = torch.zeros(raw_size, dtype=torch.uint8, device=x.device)
             data[: n * x.element_size()] = x.view(torch.uint8)
+            checksum = kernels.checksum(data)
         else:
             flags = 0
-            data = torch.zeros(layout.total, dtype=torch.uint8, device=x.device)
-            layout.headers(data).copy_(headers)
-            kernels.sz_pack(x, params, headers, offsets, outlier_ends - outlier_counts, layout.words(data),
-                            layout.indices(data), layout.values(data, x.dtype))
+            data, n_words, n_outliers, checksum = encoded
         header = write_stream_header(
             self.codec_id, tensor.dtype, tensor.shape, FIELDS, MODE_CODES[params.mode], flags, BLOCK, params.shift,
-            params.bound, params.eb, n_words, layout.n_outliers, kernels.checksum(data),
+            params.bound, params.eb, n_words, n_outliers, checksum,
         )
         return Packed(header, data)
 

@@ -16,7 +16,9 @@ import torch
 
 from hpcdl.compress.header import DTYPE_CODES
 from hpcdl.compress.sz.params import SzParams
-from hpcdl.compress.sz.stream import block_count
+from hpcdl.compress.sz.stream import BLOCK, Layout, block_count, index_dtype
+
+PART_BLOCKS = 8192  # blocks per part of the fused encoder: HPCDL_PART_BLOCKS of kernels/host.cpp
 
 
 def _load() -> ctypes.CDLL | None:
@@ -40,6 +42,12 @@ def _load() -> ctypes.CDLL | None:
         library.hpcdl_pack.restype = None
         library.hpcdl_unpack.argtypes = [c_void_p, c_void_p, c_void_p, c_int64, c_void_p]
         library.hpcdl_unpack.restype = None
+        library.hpcdl_sz_encode.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int,
+                                            c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]
+        library.hpcdl_sz_encode.restype = c_int
+        library.hpcdl_sz_assemble.argtypes = [c_int64, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_int, c_void_p,
+                                              c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64]
+        library.hpcdl_sz_assemble.restype = c_uint64
         library.hpcdl_checksum.argtypes = [c_void_p, c_int64]
         library.hpcdl_checksum.restype = c_uint64
         return library
@@ -81,6 +89,33 @@ def sz_pack(x: torch.Tensor, params: SzParams, headers: torch.Tensor, offsets: t
     _check(LIBRARY.hpcdl_sz_pack(DTYPE_CODES[x.dtype], _ptr(x), x.numel(), params.kernel_mode, params.eb, params.inv,
                                  params.bound, params.shift, _ptr(headers), _ptr(offsets), _ptr(outlier_offsets),
                                  _ptr(words), _ptr(indices), int(indices.dtype == torch.int64), _ptr(values)))
+
+
+def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[torch.Tensor, int, int, int] | None:
+    """The whole sz payload of flat ``x`` in one pass over it: (data, words, outliers, checksum), or None when the
+    stream would be larger than ``raw_size`` bytes. Same bytes as sz_headers, the prefix sums and sz_pack."""
+    n = x.numel()
+    blocks = block_count(n)
+    parts = (blocks + PART_BLOCKS - 1) // PART_BLOCKS
+    headers = torch.empty(blocks, dtype=torch.uint8)
+    # worst-case scratch: only the pages the parts write are ever touched
+    words = torch.empty(blocks * BLOCK, dtype=torch.int32)
+    indices = torch.empty(n, dtype=index_dtype(n))
+    values = torch.empty(n, dtype=x.dtype)
+    part_words = torch.empty(parts, dtype=torch.int64)
+    part_outliers = torch.empty(parts, dtype=torch.int64)
+    _check(LIBRARY.hpcdl_sz_encode(DTYPE_CODES[x.dtype], _ptr(x), n, params.kernel_mode, params.eb, params.inv,
+                                   params.bound, params.shift, int(indices.dtype == torch.int64), _ptr(headers),
+                                   _ptr(words), _ptr(indices), _ptr(values), _ptr(part_words), _ptr(part_outliers)))
+    n_words, n_outliers = int(part_words.sum()), int(part_outliers.sum())
+    layout = Layout(n, n_words, n_outliers, x.element_size())
+    if layout.total > raw_size:
+        return None
+    data = torch.empty(layout.total, dtype=torch.uint8)
+    checksum = LIBRARY.hpcdl_sz_assemble(n, _ptr(headers), _ptr(words), _ptr(indices), indices.element_size(),
+                                         _ptr(values), x.element_size(), _ptr(part_words), _ptr(part_outliers),
+                                         _ptr(data), layout.words_at, layout.indices_at, layout.values_at, layout.total)
+    return data, n_words, n_outliers, int(checksum)
 
 
 def block_headers(q: torch.Tensor) -> torch.Tensor:
