@@ -106,6 +106,12 @@ class ErrorBound:
 
 def value_range(tensor: torch.Tensor) -> float:
     """max - min over the finite elements, in float64; 0.0 for a tensor with none."""
+    if tensor.numel() == 0:
+        return 0.0
+    low, high = torch.aminmax(tensor.detach())
+    low, high = float(low), float(high)
+    if math.isfinite(low) and math.isfinite(high):  # one pass: every element is finite (NaN would propagate)
+        return high - low
     finite = tensor[torch.isfinite(tensor)].to(torch.float64)
     if finite.numel() == 0:
         return 0.0
