@@ -50,17 +50,26 @@ def demo_overrides(epochs: int, steps_per_epoch: int | None) -> list[str]:
 
 
 def run_demo(out_dir: str | Path = "runs/demo", epochs: int = 2, steps_per_epoch: int | None = None,
-             budget: str | int | None = None, workloads=WORKLOADS, progress: bool = True) -> list[DemoRow]:
-    """Train every (workload, method) pair and search its batch under the budget; return one row each.
+             budget: str | int | None = None, workloads=WORKLOADS,
+             progress: bool = True) -> tuple[list[DemoRow], dict[str, str]]:
+    """Train every (workload, method) pair and search its batch under the budget.
 
-    ``budget`` defaults to each workload config's ``train.memory_budget``.
+    Returns one row per run, and {workload: why it did not run} for a workload whose committed sample is
+    missing from this checkout. ``budget`` defaults to each workload config's ``train.memory_budget``.
     """
+    from hpcdl.data import MissingFileError, load_dataset
     from hpcdl.train import load_config, run_training
     from hpcdl.train.config import parse_bytes
     from hpcdl.train.trainer import measured_batch_search
 
-    rows = []
+    rows, missing = [], {}
     for workload in workloads:
+        dataset = load_config(workload)["data"]["dataset"]
+        try:
+            load_dataset(dataset)
+        except MissingFileError as err:
+            missing[workload] = str(err)
+            continue
         for method, method_overrides in METHODS.items():
             overrides = [*demo_overrides(epochs, steps_per_epoch), *method_overrides]
             if not progress:
@@ -75,10 +84,10 @@ def run_demo(out_dir: str | Path = "runs/demo", epochs: int = 2, steps_per_epoch
                                 result.activation_packed_bytes, result.peak_memory_bytes, budget_bytes,
                                 search.batch_size, search.peak_bytes, result.samples_per_s, result.steps,
                                 result.run_dir))
-    return rows
+    return rows, missing
 
 
-def format_table(rows: list[DemoRow]) -> str:
+def format_table(rows: list[DemoRow], missing: dict[str, str]) -> str:
     """The demo's table: one line per (model, method), then where the runs are.
 
     "saved/step" is what autograd keeps for backward in one step: the original
@@ -110,4 +119,5 @@ def format_table(rows: list[DemoRow]) -> str:
                  "largest batch whose measured step peak fits the budget (hpcdl.memory, fresh process).",
              "run directories (config.resolved.yaml, metrics.jsonl, summary.json):"]
     text.extend(f"  {row.run_dir}" for row in rows)
+    text.extend(f"NOT RUN: {workload}: {reason}" for workload, reason in missing.items())
     return "\n".join(text)

@@ -26,6 +26,6 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.epochs < 1:
         raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
-    rows = run_demo(args.out, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, budget=args.budget)
-    print(format_table(rows))
-    return 0
+    rows, missing = run_demo(args.out, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, budget=args.budget)
+    print(format_table(rows, missing))
+    return 1 if missing else 0
