@@ -30,7 +30,7 @@ from hpcdl.demo import METHODS
 from hpcdl.train.summary import human_bytes
 
 WORKLOADS = ("climate-deeplab", "hep-jets")
-DEFAULT_BUDGETS = {"climate-deeplab": "64MiB", "hep-jets": "16MiB"}
+DEFAULT_BUDGETS = {"climate-deeplab": "24MiB", "hep-jets": "16MiB"}
 
 
 @dataclass

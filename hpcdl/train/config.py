@@ -372,6 +372,8 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
         raw = copy.deepcopy(source)
         if raw.get("extends"):
             raw = _merge(_load_raw(raw["extends"]), {k: v for k, v in raw.items() if k != "extends"})
+        if not raw.get("name") and isinstance(raw.get("model"), dict):
+            raw["name"] = raw["model"].get("name")  # names the run directory
     else:
         raw = _load_raw(source)
         raw.setdefault("name", config_path(source).stem)

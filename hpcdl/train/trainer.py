@@ -446,19 +446,19 @@ class _Run:
 
 def run_training(config: dict | str, run_dir: str | Path | None = None, progress: bool = True,
                  resume: bool | str | Path = False, overrides: list[str] | tuple[str, ...] = ()) -> RunResult:
-    """Train as ``config`` says (a resolved config from :func:`load_config`, or a name/path) and return what it measured.
+    """Train as ``config`` says (a config dict, e.g. from :func:`load_config`, or a name/path) and return what it measured.
 
     ``run_dir``: where to write (default ``logging.out_dir/<name>-<timestamp>``).
     ``resume``: True (the newest run of this config under ``logging.out_dir``), a
     run directory, or a checkpoint file; training continues from its latest
     checkpoint to the same result the uninterrupted run would have reached.
     """
-    if not isinstance(config, dict) or "train" not in config:
-        config = load_config(config, overrides)
+    config = load_config(config, overrides)  # validates a dict too; a resolved config resolves to itself
     run = _Run(config, run_dir, progress, resume)
     try:
-        return run.run()
+        result = run.run()
+        run.backend.barrier()  # only after success: a failed rank must not leave the others waiting here
+        return result
     finally:
         run.log.close()
-        run.backend.barrier()
         run.backend.shutdown()
