@@ -14,36 +14,6 @@
 #define HPCDL_PARALLEL_MIN_BLOCKS 8192  // 262144 elements
 #define HPCDL_PARALLEL_MIN_ELEMENTS (1 << 18)  // for the cheap one-pass loops: finite range, checksum
 
-template <class D, int MODE>
-static hp_i64 sz_headers(const void* x, hp_i64 n, const HpSzParams& p, hp_u8* headers, hp_i32* outlier_counts) {
-    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, outliers = 0;
-#pragma omp parallel for schedule(static) reduction(+ : outliers) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
-    for (hp_i64 b = 0; b < blocks; ++b) {
-        hp_sz_header_block<D, MODE>((const typename D::S*)x, n, b, p, headers, outlier_counts);
-        outliers += outlier_counts[b];
-    }
-    return outliers;
-}
-
-template <class D, int MODE>
-static void sz_pack(const void* x, hp_i64 n, const HpSzParams& p, const hp_u8* headers, const hp_i64* offsets,
-                    const hp_i64* outlier_offsets, hp_u32* words, void* indices, int index64, void* values) {
-    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
-#pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
-    for (hp_i64 b = 0; b < blocks; ++b)
-        hp_sz_pack_block<D, MODE>((const typename D::S*)x, n, b, p, headers, offsets, outlier_offsets, words, indices,
-                                  index64, (typename D::S*)values);
-}
-
-template <class D, int MODE>
-static void sz_decode(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n,
-                      const HpSzParams& p, void* out) {
-    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
-#pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
-    for (hp_i64 b = 0; b < blocks; ++b)
-        hp_sz_decode_block<D, MODE>(headers, offsets, words, n, b, p, (typename D::S*)out);
-}
-
 // Fused encoder: blocks are cut into parts of HPCDL_PART_BLOCKS; each part is one pass over its input that
 // quantizes a block, chooses its header and writes its words and outliers at once (while the block's codes are
 // in registers), into scratch at the part's worst-case position (part start * 32 words, part start elements of
@@ -110,55 +80,83 @@ static void sz_encode_mode(int mode, int index64, const void* x, hp_i64 n, const
     }
 }
 
-template <class D>
-static hp_i64 sz_headers_mode(int mode, const void* x, hp_i64 n, const HpSzParams& p, hp_u8* headers,
-                              hp_i32* outlier_counts) {
-    if (mode == HPCDL_MODE_PW_REL) return sz_headers<D, HPCDL_MODE_PW_REL>(x, n, p, headers, outlier_counts);
-    return sz_headers<D, HPCDL_MODE_ABS>(x, n, p, headers, outlier_counts);
+// Decoding: words of the blocks of each part (HPCDL_PART_BLOCKS) start at the sum of the earlier parts' words.
+template <class D, int MODE>
+static void sz_decode_part(const hp_u8* headers, hp_i64 first_word, const hp_u32* words, hp_i64 n, hp_i64 part,
+                           const HpSzParams& p, typename D::S* out) {
+    hp_i64 first = part * HPCDL_PART_BLOCKS, blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
+    hp_i64 last = first + HPCDL_PART_BLOCKS < blocks ? first + HPCDL_PART_BLOCKS : blocks, at = first_word;
+    const HpSzParams local = p;  // stores through out may alias p; a local copy may not
+    for (hp_i64 b = first; b < last; ++b) {
+        int count = hp_block_count(n, b);
+        if (count == HPCDL_BLOCK)  // the constant count lets the compiler unroll and vectorize whole blocks
+            hp_sz_decode_lanes<D, MODE>(headers[b], words + at, HPCDL_BLOCK, local, out + b * HPCDL_BLOCK);
+        else
+            hp_sz_decode_lanes<D, MODE>(headers[b], words + at, count, local, out + b * HPCDL_BLOCK);
+        at += headers[b] & 63;
+    }
+}
+
+template <class D, int MODE>
+static void sz_decode(const hp_u8* headers, const hp_i64* part_first_words, const hp_u32* words, hp_i64 n,
+                      const HpSzParams& p, void* out) {
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, parts = (blocks + HPCDL_PART_BLOCKS - 1) / HPCDL_PART_BLOCKS;
+#pragma omp parallel for schedule(dynamic, 1) if (parts > 1)
+    for (hp_i64 part = 0; part < parts; ++part)
+        sz_decode_part<D, MODE>(headers, part_first_words[part], words, n, part, p, (typename D::S*)out);
 }
 
 template <class D>
-static void sz_pack_mode(int mode, const void* x, hp_i64 n, const HpSzParams& p, const hp_u8* headers,
-                         const hp_i64* offsets, const hp_i64* outlier_offsets, hp_u32* words, void* indices,
-                         int index64, void* values) {
-    if (mode == HPCDL_MODE_PW_REL)
-        sz_pack<D, HPCDL_MODE_PW_REL>(x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
-    else
-        sz_pack<D, HPCDL_MODE_ABS>(x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
+static void sz_decode_mode(int mode, const hp_u8* headers, const hp_i64* part_first_words, const hp_u32* words,
+                           hp_i64 n, const HpSzParams& p, void* out) {
+    if (mode == HPCDL_MODE_PW_REL) sz_decode<D, HPCDL_MODE_PW_REL>(headers, part_first_words, words, n, p, out);
+    else sz_decode<D, HPCDL_MODE_ABS>(headers, part_first_words, words, n, p, out);
 }
 
-template <class D>
-static void sz_decode_mode(int mode, const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n,
-                           const HpSzParams& p, void* out) {
-    if (mode == HPCDL_MODE_PW_REL) sz_decode<D, HPCDL_MODE_PW_REL>(headers, offsets, words, n, p, out);
-    else sz_decode<D, HPCDL_MODE_ABS>(headers, offsets, words, n, p, out);
+// Checks the block headers (at most 32 words each, n_words in all) and writes each part's first word into
+// part_first_words; returns 0, or -2 when the headers are corrupted.
+static int part_word_offsets(const hp_u8* headers, hp_i64 blocks, hp_i64 n_words, hp_i64* part_first_words) {
+    hp_i64 total = 0;
+    int widest = 0;
+    for (hp_i64 first = 0; first < blocks; first += HPCDL_PART_BLOCKS) {
+        hp_i64 last = first + HPCDL_PART_BLOCKS < blocks ? first + HPCDL_PART_BLOCKS : blocks, sum = 0;
+        for (hp_i64 b = first; b < last; ++b) {
+            int width = headers[b] & 63;
+            sum += width;
+            widest = width > widest ? width : widest;
+        }
+        part_first_words[first / HPCDL_PART_BLOCKS] = total;
+        total += sum;
+    }
+    return widest <= 32 && total == n_words ? 0 : -2;
 }
 
-// Smallest and largest finite element, in float64 (the range that `rel` scales its bound by).
+// Smallest and largest finite element, compared in the compute type (float32 holds float16 and bfloat16
+// exactly, and min and max commute with the exact widening to float64); 0 when no element is finite.
 template <class D>
-static hp_i64 finite_range(const void* data, hp_i64 n, double* lowest, double* highest) {
+static int finite_range(const void* data, hp_i64 n, double* lowest, double* highest) {
+    typedef typename D::T T;
     const typename D::S* x = (const typename D::S*)data;
-    double lo = 1.0 / 0.0, hi = -1.0 / 0.0;
-    hp_i64 finite = 0;
-#pragma omp parallel for simd schedule(static) reduction(min : lo) reduction(max : hi) reduction(+ : finite) \
+    T lo = (T)(1.0 / 0.0), hi = (T)(-1.0 / 0.0);
+#pragma omp parallel for simd schedule(static) reduction(min : lo) reduction(max : hi) \
     if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
     for (hp_i64 i = 0; i < n; ++i) {
-        double v = (double)D::load(x[i]);
-        bool is_finite = v - v == 0.0;
-        double low_candidate = is_finite ? v : 1.0 / 0.0, high_candidate = is_finite ? v : -1.0 / 0.0;
+        T v = D::load(x[i]);
+        bool is_finite = v - v == (T)0;
+        T low_candidate = is_finite ? v : lo, high_candidate = is_finite ? v : hi;
         lo = low_candidate < lo ? low_candidate : lo;
         hi = high_candidate > hi ? high_candidate : hi;
-        finite += is_finite;
     }
-    *lowest = lo;
-    *highest = hi;
-    return finite;
+    *lowest = (double)lo;
+    *highest = (double)hi;
+    return lo <= hi;
 }
 
 extern "C" {
 
-// Writes the smallest and largest finite element of x; returns how many elements are finite, or -1 for an unknown dtype.
-hp_i64 hpcdl_finite_range(int dtype, const void* x, hp_i64 n, double* lowest, double* highest) {
+// Writes the smallest and largest finite element of x; returns 1 if some element is finite, 0 if none, or -1 for an
+// unknown dtype.
+int hpcdl_finite_range(int dtype, const void* x, hp_i64 n, double* lowest, double* highest) {
     switch (dtype) {
         case HPCDL_DTYPE_F32: return finite_range<HpF32>(x, n, lowest, highest);
         case HPCDL_DTYPE_F16: return finite_range<HpF16>(x, n, lowest, highest);
@@ -169,52 +167,18 @@ hp_i64 hpcdl_finite_range(int dtype, const void* x, hp_i64 n, double* lowest, do
 }
 
 
-// Encoding pass 1: block headers and per-block outlier counts of x (dtype code `dtype`).
-// Returns the number of outliers, or -1 for an unknown dtype.
-hp_i64 hpcdl_sz_headers(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
-                        hp_u8* headers, hp_i32* outlier_counts) {
-    HpSzParams p = {eb, inv, bound, shift};
-    switch (dtype) {
-        case HPCDL_DTYPE_F32: return sz_headers_mode<HpF32>(mode, x, n, p, headers, outlier_counts);
-        case HPCDL_DTYPE_F16: return sz_headers_mode<HpF16>(mode, x, n, p, headers, outlier_counts);
-        case HPCDL_DTYPE_BF16: return sz_headers_mode<HpBF16>(mode, x, n, p, headers, outlier_counts);
-        case HPCDL_DTYPE_F64: return sz_headers_mode<HpF64>(mode, x, n, p, headers, outlier_counts);
-    }
-    return -1;
-}
-
-// Encoding pass 2: every block's words at `offsets`, its outliers at `outlier_offsets` (exclusive prefix sums).
-// Returns 0, or -1 for an unknown dtype.
-int hpcdl_sz_pack(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
-                  const hp_u8* headers, const hp_i64* offsets, const hp_i64* outlier_offsets, hp_u32* words,
-                  void* indices, int index64, void* values) {
-    HpSzParams p = {eb, inv, bound, shift};
-    switch (dtype) {
-        case HPCDL_DTYPE_F32:
-            sz_pack_mode<HpF32>(mode, x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
-            return 0;
-        case HPCDL_DTYPE_F16:
-            sz_pack_mode<HpF16>(mode, x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
-            return 0;
-        case HPCDL_DTYPE_BF16:
-            sz_pack_mode<HpBF16>(mode, x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
-            return 0;
-        case HPCDL_DTYPE_F64:
-            sz_pack_mode<HpF64>(mode, x, n, p, headers, offsets, outlier_offsets, words, indices, index64, values);
-            return 0;
-    }
-    return -1;
-}
-
-// Unpacks and dequantizes every block into out (dtype code `dtype`). Returns 0, or -1 for an unknown dtype.
-int hpcdl_sz_decode(int dtype, const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n, int mode,
-                    double eb, double bound, int shift, void* out) {
+// Validates the block headers against n_words (returns -2 if they are corrupted), then unpacks and dequantizes
+// every block into out (dtype code `dtype`); part_first_words is scratch of one int64 per part of
+// HPCDL_PART_BLOCKS blocks. Returns 0, or -1 for an unknown dtype.
+int hpcdl_sz_decode(int dtype, const hp_u8* headers, hp_i64 n_words, const hp_u32* words, hp_i64 n, int mode,
+                    double eb, double bound, int shift, hp_i64* part_first_words, void* out) {
+    if (part_word_offsets(headers, (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, n_words, part_first_words) != 0) return -2;
     HpSzParams p = {eb, 0.0, bound, shift};
     switch (dtype) {
-        case HPCDL_DTYPE_F32: sz_decode_mode<HpF32>(mode, headers, offsets, words, n, p, out); return 0;
-        case HPCDL_DTYPE_F16: sz_decode_mode<HpF16>(mode, headers, offsets, words, n, p, out); return 0;
-        case HPCDL_DTYPE_BF16: sz_decode_mode<HpBF16>(mode, headers, offsets, words, n, p, out); return 0;
-        case HPCDL_DTYPE_F64: sz_decode_mode<HpF64>(mode, headers, offsets, words, n, p, out); return 0;
+        case HPCDL_DTYPE_F32: sz_decode_mode<HpF32>(mode, headers, part_first_words, words, n, p, out); return 0;
+        case HPCDL_DTYPE_F16: sz_decode_mode<HpF16>(mode, headers, part_first_words, words, n, p, out); return 0;
+        case HPCDL_DTYPE_BF16: sz_decode_mode<HpBF16>(mode, headers, part_first_words, words, n, p, out); return 0;
+        case HPCDL_DTYPE_F64: sz_decode_mode<HpF64>(mode, headers, part_first_words, words, n, p, out); return 0;
     }
     return -1;
 }

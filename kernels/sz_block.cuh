@@ -17,6 +17,13 @@
 #include <math.h>
 #endif
 
+// Block steps the host's per-block loops must inline (their loops only vectorize once the count is a constant).
+#if defined(__CUDACC__)
+#define HPCDL_HD_INLINE __host__ __device__ __forceinline__
+#else
+#define HPCDL_HD_INLINE inline __attribute__((always_inline))
+#endif
+
 // x86 vector paths of the host build (kernels/host.cpp, built with -march=native): same results as the portable
 // loops, which nvcc and other hosts compile.
 #if !defined(__CUDACC__) && defined(__AVX512F__)
@@ -297,7 +304,7 @@ HPCDL_HD inline hp_u8 hp_block_header(const hp_i32* q, int count) {
 // Bit planes of 32 lane values: plane j holds bit j of lane i at bit i.
 // On an x86 host with AVX-512 or AVX2 a plane is a vector test or sign-bit movemask of the lanes (the compilers
 // turn the portable loop into a branchy scalar loop); the portable loop is the definition and the GPU's code.
-HPCDL_HD inline void hp_planes_of(const hp_u32* u, int width, hp_u32* planes) {
+HPCDL_HD_INLINE void hp_planes_of(const hp_u32* u, int width, hp_u32* planes) {
 #if HPCDL_HOST_AVX512
     __m512i low = _mm512_loadu_si512((const void*)u), high = _mm512_loadu_si512((const void*)(u + 16));
     for (int j = 0; j < width; ++j) {
@@ -326,7 +333,7 @@ HPCDL_HD inline void hp_planes_of(const hp_u32* u, int width, hp_u32* planes) {
 }
 
 // Inverse of hp_planes_of: 32 lane values from `width` bit planes.
-HPCDL_HD inline void hp_lanes_of(const hp_u32* planes, int width, hp_u32* u) {
+HPCDL_HD_INLINE void hp_lanes_of(const hp_u32* planes, int width, hp_u32* u) {
 #if HPCDL_HOST_AVX512
     __m512i low = _mm512_setzero_si512(), high = _mm512_setzero_si512();
     for (int j = 0; j < width; ++j) {
@@ -351,13 +358,28 @@ HPCDL_HD inline void hp_lanes_of(const hp_u32* planes, int width, hp_u32* u) {
 HPCDL_HD inline void hp_sparse_pack(const hp_i32* q, int count, int words_total, hp_u32* words) {
     hp_u32 values[HPCDL_BLOCK + 1], planes[HPCDL_BLOCK], mask = 0;
     int k = 0;
-    for (int i = 0; i < count; ++i) {  // branch-free compaction: always write, advance on nonzero
-        hp_u32 nonzero = q[i] != 0;
-        values[k] = (hp_u32)q[i] - 1u;
-        mask |= nonzero << i;
-        k += (int)nonzero;
+#if HPCDL_HOST_AVX512
+    if (count == HPCDL_BLOCK) {  // vector compaction of the nonzero lanes' q - 1 (lanes past k stay 0)
+        __m512i low = _mm512_loadu_si512((const void*)q), high = _mm512_loadu_si512((const void*)(q + 16));
+        __m512i one = _mm512_set1_epi32(1);
+        __mmask16 low_mask = _mm512_test_epi32_mask(low, low), high_mask = _mm512_test_epi32_mask(high, high);
+        int low_k = hp_popcount(low_mask);
+        _mm512_storeu_si512((void*)(values + 16), _mm512_setzero_si512());
+        _mm512_storeu_si512((void*)values, _mm512_maskz_compress_epi32(low_mask, _mm512_sub_epi32(low, one)));
+        _mm512_storeu_si512((void*)(values + low_k), _mm512_maskz_compress_epi32(high_mask, _mm512_sub_epi32(high, one)));
+        mask = (hp_u32)low_mask | ((hp_u32)high_mask << 16);
+        k = hp_popcount(mask);
+    } else
+#endif
+    {
+        for (int i = 0; i < count; ++i) {  // branch-free compaction: always write, advance on nonzero
+            hp_u32 nonzero = q[i] != 0;
+            values[k] = (hp_u32)q[i] - 1u;
+            mask |= nonzero << i;
+            k += (int)nonzero;
+        }
+        for (int r = 0; r < HPCDL_BLOCK; ++r) values[r] = r < k ? values[r] : 0u;
     }
-    for (int r = 0; r < HPCDL_BLOCK; ++r) values[r] = r < k ? values[r] : 0u;
     int n_planes = hp_sparse_planes(words_total, k), out = 1, fill = 0;
     hp_planes_of(values, n_planes, planes);
     words[0] = mask;
@@ -409,7 +431,7 @@ HPCDL_HD inline void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_
 }
 
 // Inverse of hp_block_pack for a validated header (at most 32 words); writes 32 codes.
-HPCDL_HD inline void hp_block_unpack(hp_u8 header, const hp_u32* words, hp_i32* q) {
+HPCDL_HD_INLINE void hp_block_unpack(hp_u8 header, const hp_u32* words, hp_i32* q) {
     int width = header & 63, predictor = header >> 6;
     if (predictor == HPCDL_PRED_SPARSE) {
         if (width > 0) hp_sparse_unpack(words, width, q);
@@ -440,8 +462,59 @@ HPCDL_HD inline int hp_block_count(hp_i64 n, hp_i64 block) {
 // Codes and decoded values in the compute type, then the float64 check: two uniform-width passes, so the host
 // compiler vectorizes both. Encoding runs this twice per block (headers, then packing) instead of keeping a
 // 4-byte code per element in memory between the passes.
+#if HPCDL_HOST_AVX512
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's false positive inside its own intrinsics headers
+// hp_sz_quantize_lanes of 32 float32 elements in abs mode, as 16-lane AVX-512 operations with the outlier
+// lanes as vector compare masks (the compiler's version of the portable loops reduces them lane by lane).
+// Every operation is the IEEE operation the portable code performs, so codes and outliers are identical.
+inline hp_u32 hp_sz_quantize32_f32_abs(const float* xb, const HpSzParams& p, hp_i32* q) {
+    const __m512 inv = _mm512_set1_ps((float)p.inv), eb = _mm512_set1_ps((float)p.eb), zero = _mm512_setzero_ps();
+    const __m512 max_q = _mm512_set1_ps((float)HPCDL_MAX_Q);
+    const __m512d tolerance = _mm512_set1_pd(p.eb);
+    const __m512i one = _mm512_set1_epi32(1), sign_bit = _mm512_set1_epi32((int)0x80000000u);
+    hp_u32 outliers = 0;
+    for (int half = 0; half < 2; ++half) {
+        __m512 x = _mm512_loadu_ps(xb + 16 * half);
+        __m512 scaled = _mm512_mul_ps(_mm512_abs_ps(x), inv);
+        __mmask16 usable = _mm512_cmp_ps_mask(scaled, zero, _CMP_GT_OQ) & _mm512_cmp_ps_mask(scaled, max_q, _CMP_LE_OQ);
+        __m512 in_range = _mm512_maskz_mov_ps(usable, scaled);
+        __m512i truncated = _mm512_cvttps_epi32(in_range);
+        __mmask16 round_up = _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ);
+        __m512i level = _mm512_mask_add_epi32(truncated, round_up, truncated, one);
+        __mmask16 negative = _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ);
+        __m512i code = _mm512_maskz_mov_epi32(usable, _mm512_mask_sub_epi32(level, negative, _mm512_setzero_si512(), level));
+        // decoded value: (2 level - 1) * eb with x's sign, 0 where the code is 0
+        __m512 magnitude = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(level, level), one)), eb);
+        __m512i y_bits = _mm512_mask_xor_epi32(_mm512_castps_si512(magnitude), negative, _mm512_castps_si512(magnitude), sign_bit);
+        __mmask16 nonzero = _mm512_test_epi32_mask(code, code);
+        __m512 y = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(nonzero, y_bits));
+        // the float64 bound check, 8 lanes at a time
+        __m512d x_low = _mm512_cvtps_pd(_mm512_castps512_ps256(x)), y_low = _mm512_cvtps_pd(_mm512_castps512_ps256(y));
+        __m512d x_high = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(x), 1)));
+        __m512d y_high = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm512_extracti64x4_epi64(_mm512_castps_si512(y), 1)));
+        __mmask16 within = (__mmask16)(
+            (hp_u32)_mm512_cmp_pd_mask(_mm512_abs_pd(_mm512_sub_pd(x_low, y_low)), tolerance, _CMP_LE_OQ) |
+            ((hp_u32)_mm512_cmp_pd_mask(_mm512_abs_pd(_mm512_sub_pd(x_high, y_high)), tolerance, _CMP_LE_OQ) << 8));
+        // signs compared in float32: widening to float64 keeps sign, zero and NaN
+        hp_u32 same_positive = ~((hp_u32)_mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ) ^ (hp_u32)_mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ));
+        hp_u32 same_negative = ~((hp_u32)negative ^ (hp_u32)_mm512_cmp_ps_mask(y, zero, _CMP_LT_OQ));
+        hp_u32 good = (hp_u32)nonzero & (hp_u32)within & same_positive & same_negative & 0xffffu;
+        hp_u32 plus_zero = (hp_u32)_mm512_cmpeq_epi32_mask(_mm512_castps_si512(x), _mm512_setzero_si512());
+        _mm512_storeu_si512((void*)(q + 16 * half), _mm512_maskz_mov_epi32((__mmask16)good, code));
+        outliers |= (~good & ~plus_zero & 0xffffu) << (16 * half);
+    }
+    return outliers;
+}
+#pragma GCC diagnostic pop
+#endif
+
 template <class D, int MODE>
-HPCDL_HD inline hp_u32 hp_sz_quantize_lanes(const typename D::S* xb, int count, const HpSzParams& p, hp_i32* q) {
+HPCDL_HD_INLINE hp_u32 hp_sz_quantize_lanes(const typename D::S* xb, int count, const HpSzParams& p, hp_i32* q) {
+#if HPCDL_HOST_AVX512
+    if (MODE == HPCDL_MODE_ABS && sizeof(typename D::S) == 4 && count == HPCDL_BLOCK)  // float32 (HpF32)
+        return hp_sz_quantize32_f32_abs((const float*)xb, p, q);
+#endif
     typedef typename D::T T;
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     T xs[HPCDL_BLOCK], ys[HPCDL_BLOCK];
@@ -496,14 +569,20 @@ HPCDL_HD inline void hp_sz_pack_block(const typename D::S* x, hp_i64 n, hp_i64 b
     }
 }
 
+// Decodes one block of `count` (1..32) elements from its header and words into out[0 .. count - 1].
+template <class D, int MODE>
+HPCDL_HD_INLINE void hp_sz_decode_lanes(hp_u8 header, const hp_u32* words, int count, const HpSzParams& p,
+                                        typename D::S* out) {
+    hp_i32 q[HPCDL_BLOCK];
+    hp_block_unpack(header, words, q);
+    for (int i = 0; i < count; ++i) out[i] = D::store(hp_sz_value<D, MODE>(q[i], p));
+}
+
 template <class D, int MODE>
 HPCDL_HD inline void hp_sz_decode_block(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n,
                                         hp_i64 block, const HpSzParams& p, typename D::S* out) {
-    hp_i32 q[HPCDL_BLOCK];
-    hp_block_unpack(headers[block], words + offsets[block], q);
-    hp_i64 start = block * HPCDL_BLOCK;
-    int count = hp_block_count(n, block);
-    for (int i = 0; i < count; ++i) out[start + i] = D::store(hp_sz_value<D, MODE>(q[i], p));
+    hp_sz_decode_lanes<D, MODE>(headers[block], words + offsets[block], hp_block_count(n, block), p,
+                                out + block * HPCDL_BLOCK);
 }
 
 HPCDL_HD inline void hp_header_block(const hp_i32* q, hp_i64 n, hp_i64 block, hp_u8* headers) {

@@ -162,11 +162,14 @@ class Sz(Codec):
         if flags == FLAG_RAW:
             return data[: n * dtype.itemsize].clone().view(dtype).reshape(header.shape)
         headers = layout.headers(data)
-        validate_block_headers(headers, n_words, cls.codec_id)
         indices = layout.indices(data)
         validate_outlier_indices(indices, n, cls.codec_id)
-        offsets, _ = word_offsets(headers)
         params = SzParams(CODE_MODES[mode_code], bound, eb, shift)
-        restored = kernels.sz_decode(headers, offsets, layout.words(data), n, dtype, params)
+        if kernels is host:  # validates the block headers itself, in the same pass as their prefix sum
+            restored = host.sz_decode(headers, n_words, layout.words(data), n, dtype, params)
+        else:
+            validate_block_headers(headers, n_words, cls.codec_id)
+            offsets, _ = word_offsets(headers)
+            restored = kernels.sz_decode(headers, offsets, layout.words(data), n, dtype, params)
         restored[indices.to(torch.int64)] = layout.values(data, dtype)
         return restored.reshape(header.shape)

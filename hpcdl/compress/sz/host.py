@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import DTYPE_CODES
 from hpcdl.compress.sz.params import SzParams
 from hpcdl.compress.sz.stream import BLOCK, Layout, block_count, index_dtype
@@ -25,16 +26,10 @@ def _load() -> ctypes.CDLL | None:
     package = Path(__file__).resolve().parents[2]
     for candidate in sorted(package.glob("_kernels_host*.so")):
         library = ctypes.CDLL(str(candidate))
-        library.hpcdl_sz_headers.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int,
-                                             c_void_p, c_void_p]
-        library.hpcdl_sz_headers.restype = c_int64
-        library.hpcdl_sz_pack.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int,
-                                          c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_int, c_void_p]
-        library.hpcdl_sz_pack.restype = c_int
         library.hpcdl_finite_range.argtypes = [c_int, c_void_p, c_int64, POINTER(c_double), POINTER(c_double)]
-        library.hpcdl_finite_range.restype = c_int64
-        library.hpcdl_sz_decode.argtypes = [c_int, c_void_p, c_void_p, c_void_p, c_int64, c_int, c_double, c_double,
-                                            c_int, c_void_p]
+        library.hpcdl_finite_range.restype = c_int
+        library.hpcdl_sz_decode.argtypes = [c_int, c_void_p, c_int64, c_void_p, c_int64, c_int, c_double, c_double,
+                                            c_int, c_void_p, c_void_p]
         library.hpcdl_sz_decode.restype = c_int
         library.hpcdl_block_headers.argtypes = [c_void_p, c_int64, c_void_p]
         library.hpcdl_block_headers.restype = None
@@ -73,22 +68,6 @@ def value_range(x: torch.Tensor) -> float:
     lowest, highest = c_double(), c_double()
     finite = _check(LIBRARY.hpcdl_finite_range(DTYPE_CODES[x.dtype], _ptr(x), x.numel(), byref(lowest), byref(highest)))
     return highest.value - lowest.value if finite else 0.0
-
-
-def sz_headers(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor]:
-    n = x.numel()
-    headers = torch.empty(block_count(n), dtype=torch.uint8)
-    outlier_counts = torch.empty(block_count(n), dtype=torch.int32)
-    _check(LIBRARY.hpcdl_sz_headers(DTYPE_CODES[x.dtype], _ptr(x), n, params.kernel_mode, params.eb, params.inv,
-                                    params.bound, params.shift, _ptr(headers), _ptr(outlier_counts)))
-    return headers, outlier_counts
-
-
-def sz_pack(x: torch.Tensor, params: SzParams, headers: torch.Tensor, offsets: torch.Tensor,
-            outlier_offsets: torch.Tensor, words: torch.Tensor, indices: torch.Tensor, values: torch.Tensor) -> None:
-    _check(LIBRARY.hpcdl_sz_pack(DTYPE_CODES[x.dtype], _ptr(x), x.numel(), params.kernel_mode, params.eb, params.inv,
-                                 params.bound, params.shift, _ptr(headers), _ptr(offsets), _ptr(outlier_offsets),
-                                 _ptr(words), _ptr(indices), int(indices.dtype == torch.int64), _ptr(values)))
 
 
 def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[torch.Tensor, int, int, int] | None:
@@ -134,10 +113,18 @@ def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, nu
     return q
 
 
-def sz_decode(headers, offsets, words, numel: int, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
+def sz_decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
+              params: SzParams) -> torch.Tensor:
+    """Decoded flat tensor (outliers still 0), after checking that the block headers have at most 32 words each
+    and ``n_words`` in all (CodecError if not): the validation, prefix sum and unpacking in one call."""
     out = torch.empty(numel, dtype=dtype)
-    _check(LIBRARY.hpcdl_sz_decode(DTYPE_CODES[dtype], _ptr(headers), _ptr(offsets), _ptr(words), numel,
-                                   params.kernel_mode, params.eb, params.bound, params.shift, _ptr(out)))
+    part_first_words = torch.empty(max(1, (block_count(numel) + PART_BLOCKS - 1) // PART_BLOCKS), dtype=torch.int64)
+    status = LIBRARY.hpcdl_sz_decode(DTYPE_CODES[dtype], _ptr(headers), n_words, _ptr(words), numel,
+                                     params.kernel_mode, params.eb, params.bound, params.shift, _ptr(part_first_words),
+                                     _ptr(out))
+    if status == -2:
+        raise CodecError(f"sz block headers are corrupted: a block of more than 32 words, or not {n_words} words in all")
+    _check(status)
     return out
 
 
