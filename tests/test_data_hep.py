@@ -195,3 +195,19 @@ def test_committed_hep_sample_matches_its_manifest():
     assert 75 < np.median(mass[labels == 1]) < 92 and np.median(mass[labels == 0]) < 70
     x, y = load_dataset("hep-sample", "val", features="constituents")[0]
     assert x.shape == (64, 5) and y.dtype == torch.int64
+
+
+def test_pythia_generator_makes_deterministic_w_and_qcd_jets(tmp_path):
+    if importlib.util.find_spec("pythia8mc") is None:
+        pytest.skip("pythia8mc (the [hep] extra) is not installed; the sample test above covers its output")
+    from hpcdl_datasets.hep import generate_hep
+
+    runs = []
+    for name in ("a", "b"):
+        manifest = generate_hep(tmp_path / name, samples=4, seed=11, progress=False)
+        with h5py.File(manifest.file_paths()[0]) as h5:
+            runs.append({key: h5[key][:] for key in ("images", "constituents", "labels", "jet_pt", "jet_mass")})
+    assert manifest.count == 4 and sorted(runs[0]["labels"].tolist()) == [0, 0, 1, 1]
+    assert ((runs[0]["jet_pt"] >= 300) & (runs[0]["jet_pt"] < 400)).all()
+    for key in runs[0]:
+        assert np.array_equal(runs[0][key], runs[1][key]), key
