@@ -17,6 +17,12 @@ if [ "$with_test" = 1 ]; then
     if [ -x tools/build_horovod.sh ]; then
         bash tools/build_horovod.sh
     fi
+    # Pythia 8 takes over an hour to build, so it is never built here; a wheel someone built
+    # (pip wheel pythia8mc -w DIR) is installed when the cache has one, and its tests run.
+    wheel_cache="${HPCDL_WHEEL_CACHE:-/var/cache/hpcdl/wheels}"
+    for wheel in "$wheel_cache"/pythia8mc-*.whl; do
+        [ -f "$wheel" ] && python -m pip install -q "$wheel"
+    done
 else
     python -m pip install -q -e .
 fi
