@@ -72,29 +72,37 @@ def value_range(x: torch.Tensor) -> float:
 
 def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[torch.Tensor, int, int, int] | None:
     """The whole sz payload of flat ``x`` in one pass over it: (data, words, outliers, checksum), or None when the
-    stream would be larger than ``raw_size`` bytes. Same bytes as sz_headers, the prefix sums and sz_pack."""
-    n = x.numel()
+    stream would be larger than ``raw_size`` bytes. The same bytes as the two passes of the reference and the GPU
+    (block headers and outlier counts, prefix sums, then words and outliers)."""
+    n, value_size = x.numel(), x.element_size()
     blocks = block_count(n)
     parts = (blocks + PART_BLOCKS - 1) // PART_BLOCKS
-    headers = torch.empty(blocks, dtype=torch.uint8)
-    # worst-case scratch: only the pages the parts write are ever touched
-    words = torch.empty(blocks * BLOCK, dtype=torch.int32)
-    indices = torch.empty(n, dtype=index_dtype(n))
-    values = torch.empty(n, dtype=x.dtype)
-    part_words = torch.empty(parts, dtype=torch.int64)
-    part_outliers = torch.empty(parts, dtype=torch.int64)
+    index_size = index_dtype(n).itemsize
+    # One scratch buffer, worst case for every section (only the pages the parts write are ever touched):
+    # per-part word and outlier counts, block headers, 32 words per block, an index and a value per element.
+    sections = [16 * parts, blocks, 4 * BLOCK * blocks, index_size * n, value_size * n]
+    starts = [0]
+    for size in sections[:-1]:
+        starts.append(starts[-1] + _align64(size))
+    scratch = torch.empty(starts[-1] + sections[-1], dtype=torch.uint8)
+    counts, headers, words, indices, values = (scratch.data_ptr() + start for start in starts)
     _check(LIBRARY.hpcdl_sz_encode(DTYPE_CODES[x.dtype], _ptr(x), n, params.kernel_mode, params.eb, params.inv,
-                                   params.bound, params.shift, int(indices.dtype == torch.int64), _ptr(headers),
-                                   _ptr(words), _ptr(indices), _ptr(values), _ptr(part_words), _ptr(part_outliers)))
-    n_words, n_outliers = int(part_words.sum()), int(part_outliers.sum())
-    layout = Layout(n, n_words, n_outliers, x.element_size())
+                                   params.bound, params.shift, int(index_size == 8), headers, words, indices, values,
+                                   counts, counts + 8 * parts))
+    per_part = scratch[: 16 * parts].view(torch.int64).tolist()
+    n_words, n_outliers = sum(per_part[:parts]), sum(per_part[parts:])
+    layout = Layout(n, n_words, n_outliers, value_size)
     if layout.total > raw_size:
         return None
     data = torch.empty(layout.total, dtype=torch.uint8)
-    checksum = LIBRARY.hpcdl_sz_assemble(n, _ptr(headers), _ptr(words), _ptr(indices), indices.element_size(),
-                                         _ptr(values), x.element_size(), _ptr(part_words), _ptr(part_outliers),
-                                         _ptr(data), layout.words_at, layout.indices_at, layout.values_at, layout.total)
+    checksum = LIBRARY.hpcdl_sz_assemble(n, headers, words, indices, index_size, values, value_size, counts,
+                                         counts + 8 * parts, _ptr(data), layout.words_at, layout.indices_at,
+                                         layout.values_at, layout.total)
     return data, n_words, n_outliers, int(checksum)
+
+
+def _align64(nbytes: int) -> int:
+    return (nbytes + 63) // 64 * 64
 
 
 def block_headers(q: torch.Tensor) -> torch.Tensor:
