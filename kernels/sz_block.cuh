@@ -446,11 +446,22 @@ HPCDL_HD inline void hp_sparse_unpack(const hp_u32* words, int words_total, hp_i
         fill -= k;
     }
     hp_lanes_of(planes, n_planes, values);
+#if HPCDL_HOST_AVX512
+    {  // vector expansion: the r-th nonzero lane gets values[r] + 1, the others 0
+        __mmask16 low_mask = (__mmask16)mask, high_mask = (__mmask16)(mask >> 16);
+        __m512i one = _mm512_set1_epi32(1);
+        __m512i low = _mm512_maskz_expand_epi32(low_mask, _mm512_loadu_si512((const void*)values));
+        __m512i high = _mm512_maskz_expand_epi32(high_mask, _mm512_loadu_si512((const void*)(values + hp_popcount(low_mask))));
+        _mm512_storeu_si512((void*)q, _mm512_maskz_add_epi32(low_mask, low, one));
+        _mm512_storeu_si512((void*)(q + 16), _mm512_maskz_add_epi32(high_mask, high, one));
+    }
+#else
     for (int i = 0, r = 0; i < HPCDL_BLOCK; ++i) {  // branch-free expansion
         hp_u32 on = (mask >> i) & 1u;
         q[i] = (hp_i32)((values[r & 31] + 1u) & (0u - on));
         r += (int)on;
     }
+#endif
 }
 
 // Writes the block's words; for zigzag, unsigned and Lorenzo, word j holds bit j of the 32 lane values
