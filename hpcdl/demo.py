@@ -49,7 +49,7 @@ def demo_overrides(epochs: int, steps_per_epoch: int | None) -> list[str]:
     return overrides
 
 
-def run_demo(out_dir: str | Path = "runs/demo", epochs: int = 2, steps_per_epoch: int | None = None,
+def run_demo(out_dir: str | Path = "runs/demo", epochs: int = 2, steps_per_epoch: int | None = 10,
              budget: str | int | None = None, workloads=WORKLOADS,
              progress: bool = True) -> tuple[list[DemoRow], dict[str, str]]:
     """Train every (workload, method) pair and search its batch under the budget.

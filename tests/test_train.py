@@ -7,7 +7,6 @@ dropout, so runs are bit-for-bit repeatable) for a handful of steps.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -13,7 +13,8 @@ def register(subparsers) -> None:
                     "fits a small memory budget. Takes about a minute or two on 2 CPU cores.")
     demo.add_argument("--out", default="runs/demo", help="where the run directories go (default: runs/demo)")
     demo.add_argument("--epochs", type=int, default=2, help="epochs per run (default: 2)")
-    demo.add_argument("--steps-per-epoch", type=int, default=None, help="cap on steps per epoch")
+    demo.add_argument("--steps-per-epoch", type=int, default=10,
+                      help="cap on steps per epoch (default 10; the HEP sample has 37 batches per epoch)")
     demo.add_argument("--budget", default=None,
                       help="memory budget for the batch search, e.g. 256MiB (default: each config's "
                            "train.memory_budget)")

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Subset
 from hpcdl.train import checkpoint as ckpt
 from hpcdl.train.config import codec_config, load_config
 from hpcdl.train.evaluate import ValidationSums
-from hpcdl.train.optim import build_optimizer, build_scheduler, effective_lr
+from hpcdl.train.optim import build_optimizer, build_scheduler
 from hpcdl.train.peak import PeakMemory
 from hpcdl.train.runlog import RunLog, latest_run_dir, run_dir_name
 
