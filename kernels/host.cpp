@@ -1,6 +1,7 @@
 // Host build of the block functions in sz_block.cuh: OpenMP loops over 32-element blocks,
 // exported with C linkage for hpcdl/compress/sz/host.py (ctypes). Built by setup.py into
-// hpcdl/_kernels_host*.so with -ffp-contract=off. Arguments are validated in Python first.
+// hpcdl/_kernels_host*.so with -ffp-contract=off -march=native. Lengths are validated in Python first;
+// hpcdl_sz_decode checks the block headers itself before it reads any word.
 //
 // OpenMP, because torch's CPU build loads libgomp.so.1 first and this library then shares its runtime:
 // one thread team for torch and these loops, sized by torch.set_num_threads. (A separate pool of

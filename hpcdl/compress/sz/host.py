@@ -1,6 +1,9 @@
 """The host build of the block kernels (hpcdl/_kernels_host*.so, built by setup.py), through ctypes.
 
-Same functions and signatures as reference.py. Callers pass contiguous CPU
+The functions of reference.py, with two fused where the host gains by it:
+``sz_encode`` is the whole sz payload in one pass over the input (the
+reference's sz_headers, prefix sums and sz_pack), and ``sz_decode`` validates
+the block headers and computes the word offsets itself. Callers pass contiguous CPU
 tensors whose lengths were validated and whose payloads are 8-byte aligned
 (stream.aligned_payload); the C code trusts them. ctypes releases
 the GIL during each call, and the library runs its block loops on OpenMP threads.

@@ -3,7 +3,8 @@
 Readable, vectorised over blocks, and bit-identical to the kernels in
 kernels/sz_block.cuh (tests compare the bytes). Works on any device; it is the
 fallback when the host library is not built. Every function here has a twin of
-the same name and signature in host.py and cuda.py.
+the same name and signature in cuda.py; host.py has them too, except that it
+fuses the encoding passes into sz_encode and validates in its sz_decode.
 """
 
 from __future__ import annotations
