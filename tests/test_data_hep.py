@@ -14,6 +14,7 @@ import torch
 from hpcdl.data import (LabelRangeError, MalformedFileError, ShapeError, TruncatedFileError, load_dataset,
                         read_manifest, verify_checksums)
 from hpcdl.data.manifest import write_manifest
+from hpcdl.data.readers import HDF5Reader
 from hpcdl_datasets.hep import HEPSettings, JetParticles, centred_coordinates, constituent_array, jet_image
 from hpcdl_datasets.hep.generate import CLASS_NAMES, JetWriter, import_pythia
 from hpcdl_datasets.hep.preprocess import particles_of
@@ -126,6 +127,19 @@ def test_hep_loader_images_and_constituents(hep_dir):
         load_dataset(hep_dir, features="towers")
 
 
+def test_hep_loader_reads_only_the_fields_its_features_need(hep_dir):
+    images = load_dataset(hep_dir, "all", features="images")
+    constituents = load_dataset(hep_dir, "all", features="constituents")
+    assert images.reader.fields == ["images", "labels"]
+    assert sorted(constituents.reader.fields) == ["constituents", "jet_eta", "jet_phi", "labels", "n_constituents"]
+    images[0]
+    handle = images.reader.handle(0)
+    # The dataset object (and so its cache of decompressed chunks) stays open between reads.
+    assert handle["images"] is handle["images"]
+    with pytest.raises(ValueError, match="not among the expected datasets"):
+        HDF5Reader(images.reader.paths, images.reader.counts, 2, {"labels": ()}, y_field="labels", fields=["jet_pt"])
+
+
 def _damaged_copy(hep_dir, tmp_path, damage):
     """A copy of the HEP set with ``damage(path)`` applied to jets.h5 and the manifest rewritten to match,
     so that only the reader's own checks can catch it."""
@@ -195,6 +209,16 @@ def test_committed_hep_sample_matches_its_manifest():
     assert 75 < np.median(mass[labels == 1]) < 92 and np.median(mass[labels == 0]) < 70
     x, y = load_dataset("hep-sample", "val", features="constituents")[0]
     assert x.shape == (64, 5) and y.dtype == torch.int64
+
+
+def test_committed_hep_validation_prefix_mixes_both_classes():
+    """The file holds the signal jets first: a capped evaluation (the first items only) must still see both
+    classes, or AUC is undefined."""
+    val = load_dataset("hep-sample", "val", features="images")
+    prefix = [int(val[i][1]) for i in range(64)]
+    assert 0.25 < np.mean(prefix) < 0.75
+    train = load_dataset("hep-sample", "train", features="images")
+    assert not set(train.indices) & set(val.indices) and len(train) + len(val) == 3000
 
 
 def test_pythia_generator_makes_deterministic_w_and_qcd_jets(tmp_path):

@@ -6,8 +6,9 @@ describes the data (task, num_classes, input_shape, class_names, source, ...).
 
 Train/val splits are deterministic: climate snapshots form a time series, so the validation set
 is the last ``val_fraction`` of the snapshots in time (no near-duplicate neighbours across the
-split); HEP jets are independent, so the split is a seeded permutation (the file holds signal and
-background in generation order).
+split); HEP jets are independent, so the split is a seeded permutation, and each split keeps that
+permutation's order (the file holds signal and background in generation order, so any prefix of a
+split mixes both classes).
 """
 
 from __future__ import annotations
@@ -26,10 +27,17 @@ from .synthetic import RANDOM_DATASETS, random_dataset
 
 SPLITS = ("train", "val", "all")
 HEP_FEATURES = ("images", "constituents")
+#: The HDF5 datasets each HEP input needs (the label is always read too); nothing else is read.
+HEP_FIELDS = {"images": ["images"], "constituents": ["constituents", "n_constituents", "jet_eta", "jet_phi"]}
 
 
 def split_indices(count: int, split: str, val_fraction: float, time_ordered: bool, seed: int) -> np.ndarray:
-    """Global sample indices of ``split``; train and val are disjoint and together cover all samples."""
+    """Global sample indices of ``split``; train and val are disjoint and together cover all samples.
+
+    Time-ordered data keeps time order. Otherwise the indices stay in the seeded permutation's
+    order, not sorted: a file written class by class must not give a one-class prefix of the
+    validation set (a capped evaluation reads only the first items).
+    """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if not 0.0 <= val_fraction < 1.0:
@@ -40,8 +48,7 @@ def split_indices(count: int, split: str, val_fraction: float, time_ordered: boo
     if val_fraction > 0 and count > 1:
         n_val = min(max(n_val, 1), count - 1)
     order = np.arange(count) if time_ordered else np.random.default_rng(seed).permutation(count)
-    chosen = order[count - n_val:] if split == "val" else order[:count - n_val]
-    return np.sort(chosen)
+    return order[count - n_val:] if split == "val" else order[:count - n_val]
 
 
 class ManifestDataset(torch.utils.data.Dataset):
@@ -110,8 +117,9 @@ class HEPDataset(ManifestDataset):
         max_particles = shapes["constituents"][0]
         expected = {"images": image_shape, "constituents": (max_particles, 4), "n_constituents": (),
                     "labels": (), "jet_eta": (), "jet_phi": ()}
+        fields = HEP_FIELDS[features]
         self.reader = HDF5Reader(manifest.file_paths(), [f["samples"] for f in manifest.files],
-                                 manifest.num_classes, expected, y_field="labels")
+                                 manifest.num_classes, expected, y_field="labels", fields=fields)
         if features == "images":
             self.mean, self.std = _stats(manifest, "images", ["pt_fraction"])
         else:

@@ -132,15 +132,64 @@ class ClimateNetCDFReader(FileReader):
         return self.read_checked(index, row_of)
 
 
+#: Per-dataset cache of decompressed HDF5 chunks (h5py's rdcc). HDF5's default, 1 MiB, cannot hold
+#: even one chunk of 256 jet images (exactly 1 MiB), so every image read decompressed a whole chunk;
+#: with room for a few dozen chunks, a shuffled epoch decompresses each chunk about once.
+CHUNK_CACHE_BYTES = 64 * 2**20
+CHUNK_CACHE_SLOTS = 10007  # a prime well above the number of chunks that fit, as HDF5 advises
+
+
+class OpenHDF5File:
+    """An open ``h5py.File`` that keeps the dataset objects it hands out open.
+
+    HDF5's chunk cache belongs to an open dataset object: ``file[name]`` per read would open a new
+    one with an empty cache and decompress a whole chunk for every row.
+    """
+
+    def __init__(self, file) -> None:
+        self.file = file
+        self._datasets: dict[str, object] = {}
+
+    def __getitem__(self, name: str):
+        if name not in self._datasets:
+            self._datasets[name] = self.file[name]
+        return self._datasets[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.file
+
+    def __iter__(self):
+        return iter(self.file)
+
+    def __enter__(self) -> "OpenHDF5File":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._datasets = {}
+        self.file.close()
+
+
 class HDF5Reader(FileReader):
-    """Rows of named HDF5 datasets with a common first axis; ``x_fields`` and ``y_field`` per sample."""
+    """Rows of named HDF5 datasets with a common first axis; per sample, only ``fields`` are read.
+
+    ``expected`` maps every dataset the files must have to its row shape (all validated on open);
+    ``fields`` (default: all of them) are the ones ``read_fields`` returns, plus ``y_field``.
+    """
 
     kind = "HDF5"
 
-    def __init__(self, paths, counts, num_classes, expected: dict[str, tuple], y_field: str) -> None:
+    def __init__(self, paths, counts, num_classes, expected: dict[str, tuple], y_field: str,
+                 fields: list[str] | None = None) -> None:
         super().__init__(paths, counts, num_classes)
         self.y_field = y_field
-        self.fields = list(expected)
+        wanted = list(expected) if fields is None else list(fields)
+        unknown = sorted(set(wanted) - set(expected))
+        if unknown:
+            raise ValueError(f"fields {unknown} are not among the expected datasets {sorted(expected)}")
+        self.fields = wanted if y_field in wanted else [*wanted, y_field]
         for path, count in zip(self.paths, self.counts):
             with self.open(path) as h5:
                 for name, row_shape in expected.items():
@@ -154,9 +203,10 @@ class HDF5Reader(FileReader):
         import h5py
 
         try:
-            return h5py.File(path, "r")
+            file = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=CHUNK_CACHE_SLOTS)
         except OSError as err:
             raise _open_error(path, err, self.kind) from None
+        return OpenHDF5File(file)
 
     def read_fields(self, index: int) -> dict[str, np.ndarray]:
         def row_of(h5, row):
