@@ -297,7 +297,7 @@ HPCDL_HD_INLINE void hp_or_reduce4(__m512i a, __m512i b, __m512i c, __m512i d, h
 }
 #endif
 
-HPCDL_HD inline hp_u8 hp_block_header(const hp_i32* q, int count) {
+HPCDL_HD_INLINE hp_u8 hp_block_header(const hp_i32* q, int count) {
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     hp_u32 any_zigzag, any_lorenzo, any_unsigned, any_sparse, mask;
 #if HPCDL_HOST_AVX512
@@ -466,7 +466,7 @@ HPCDL_HD inline void hp_sparse_unpack(const hp_u32* words, int words_total, hp_i
 
 // Writes the block's words; for zigzag, unsigned and Lorenzo, word j holds bit j of the 32 lane values
 // (lanes >= count are 0).
-HPCDL_HD inline void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_u32* words) {
+HPCDL_HD_INLINE void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_u32* words) {
     int width = header & 63, predictor = header >> 6;
     if (predictor == HPCDL_PRED_SPARSE) {
         hp_sparse_pack(q, count, width, words);
