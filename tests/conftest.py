@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from hypothesis import settings
 
 settings.register_profile("ci", max_examples=60, deadline=None)
@@ -24,3 +25,16 @@ def require(condition: bool, reason: str) -> None:
     if os.environ.get("HPCDL_REQUIRE_SERVICES") == "1":
         pytest.fail(f"required in CI but unavailable: {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture
+def one_thread():
+    """Run on one torch thread (measuring subprocesses inherit it).
+
+    On a shared, oversubscribed CPU the OpenMP barriers of small ops make two
+    threads many times slower than one; results do not depend on it.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

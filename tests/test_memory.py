@@ -19,12 +19,7 @@ SMALL_CNN = memory.Workload(
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the measuring processes inherit it
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 def test_peak_is_what_the_step_itself_allocates():

@@ -16,13 +16,7 @@ AGREED_NAMES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # On a shared, oversubscribed CPU, OpenMP barriers make two threads ~20x slower than one.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 def expected_output_shape(spec, scale, batch):

@@ -13,12 +13,7 @@ from hpcdl.models import names
 from hpcdl.models.footprint import measure, saved_bytes
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 def test_saved_bytes_counts_activations_not_parameters_and_shared_storage_once():

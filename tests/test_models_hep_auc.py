@@ -28,12 +28,6 @@ def read_all(dataset) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches])
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_jet_image_cnn_reaches_auc_above_0_8(one_thread):

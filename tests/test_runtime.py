@@ -28,13 +28,7 @@ from hpcdl.runtime import (
 
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small ops on a shared, oversubscribed CPU run far faster on one thread than on spinning OpenMP teams."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 ALL_RAW = Policy.static({"id": "raw"}, masks={"id": "raw"}, indices={"id": "raw"})

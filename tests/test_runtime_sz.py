@@ -13,12 +13,7 @@ from hpcdl.runtime import Policy, compressed
 SZ = {"id": "sz", "mode": "rel", "bound": 1e-2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
 @pytest.mark.parametrize("config", [SZ, {"id": "sz", "mode": "abs", "bound": 1e-3}, {"id": "sz", "mode": "pw_rel", "bound": 1e-2}])
