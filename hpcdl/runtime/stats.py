@@ -86,7 +86,7 @@ class Stats:
         lines.append(("total", "", self.total()))
         cells = [header] + [
             (module, kind, str(row.count), str(row.shared), str(row.kept), str(row.fallbacks),
-             _human(row.original), _human(row.packed), f"{row.ratio:.2f}", f"{row.encode_s:.4f}", f"{row.decode_s:.4f}")
+             human_bytes(row.original), human_bytes(row.packed), f"{row.ratio:.2f}", f"{row.encode_s:.4f}", f"{row.decode_s:.4f}")
             for module, kind, row in lines
         ]
         widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
@@ -96,9 +96,10 @@ class Stats:
         )
 
 
-def _human(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(nbytes) < 1024 or unit == "GiB":
+def human_bytes(nbytes: float) -> str:
+    """A byte count in binary units: ``"512 B"``, ``"1.5 MiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
         nbytes /= 1024
     raise AssertionError("unreachable")

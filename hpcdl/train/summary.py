@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
+from hpcdl.runtime.stats import human_bytes
 
-def human_bytes(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
+__all__ = ["format_summary", "human_bytes"]
 
 
 def format_summary(result) -> str:
