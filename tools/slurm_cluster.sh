@@ -32,7 +32,13 @@ install_packages() {
     apt-get install -y -q slurm-wlm munge
 }
 
-pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# Alive and not a zombie: a killed daemon whose parent never reaps it still answers kill -0.
+pid_alive() {
+    local state
+    [ -f "$1" ] || return 1
+    state=$(ps -o stat= -p "$(cat "$1")" 2>/dev/null) || return 1
+    [ -n "$state" ] && [ "${state:0:1}" != Z ]
+}
 
 start_munge() {
     mkdir -p /etc/munge /var/lib/munge /var/log/munge /run/munge
@@ -50,7 +56,11 @@ start_munge() {
     if munge -n </dev/null >/dev/null 2>&1; then
         die "a munged this script did not start is already running; stop it first"
     fi
-    runuser -u munge -- munged --pid-file=/run/munge/munged.pid
+    # A munged killed without `stop` (e.g. when a session ends) leaves its pid file and socket behind;
+    # no working munged answers here, so they are stale.
+    rm -f /run/munge/munged.pid /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock "$RUN_DIR/munged.pid"
+    # Daemons get no stdio: one holding the caller's stdout open would keep a pipe reader waiting forever.
+    runuser -u munge -- munged --pid-file=/run/munge/munged.pid </dev/null >/dev/null 2>&1
     for _ in $(seq 50); do
         [ -s /run/munge/munged.pid ] && break
         sleep 0.1
@@ -105,7 +115,7 @@ wait_idle() {
     local host state
     host=$(hostname -s)
     for _ in $(seq 120); do
-        state=$(sinfo -h -n "$host" -o '%T' 2>/dev/null || true)
+        state=$(timeout 5 sinfo -h -n "$host" -o '%T' 2>/dev/null || true)
         case "$state" in
             idle|mixed|allocated) log "node $host is $state"; return 0 ;;
             *drain*|*down*|*fail*) scontrol update nodename="$host" state=resume >/dev/null 2>&1 || true ;;
@@ -123,9 +133,20 @@ start() {
         wait_idle
         return
     fi
+    # Start both daemons afresh: a half-running pair or pid files left by killed daemons would stall sinfo.
+    stop_daemon slurmd
+    stop_daemon slurmctld
+    rm -rf "$STATE_DIR"
     write_conf
-    pid_alive "$RUN_DIR/slurmctld.pid" || slurmctld -i
-    pid_alive "$RUN_DIR/slurmd.pid" || slurmd
+    slurmctld -i </dev/null >/dev/null 2>&1
+    slurmd </dev/null >/dev/null 2>&1
+    for name in slurmctld slurmd; do
+        for _ in $(seq 50); do
+            pid_alive "$RUN_DIR/$name.pid" && break
+            sleep 0.2
+        done
+        pid_alive "$RUN_DIR/$name.pid" || die "$name did not start; see $LOG_DIR/$name.log"
+    done
     wait_idle
 }
 
