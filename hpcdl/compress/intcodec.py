@@ -22,6 +22,7 @@ from hpcdl.compress.sz.stream import (
     Layout,
     aligned_payload,
     check_payload_length,
+    raw_payload,
     raw_payload_size,
     read_stream_header,
     validate_block_headers,
@@ -83,8 +84,7 @@ class IntCodec(Codec):
         layout = Layout(codes.numel(), n_words, 0, 0)
         if layout.total > raw_payload_size(flat.numel(), flat.dtype):
             flags, n_words = FLAG_RAW, 0
-            data = torch.zeros(raw_payload_size(flat.numel(), flat.dtype), dtype=torch.uint8, device=flat.device)
-            data[: flat.numel() * flat.element_size()] = flat.view(torch.uint8)
+            data = raw_payload(flat)
         else:
             flags = 0
             data = torch.zeros(layout.total, dtype=torch.uint8, device=flat.device)

@@ -28,6 +28,7 @@ from hpcdl.compress.sz.stream import (
     Layout,
     aligned_payload,
     check_payload_length,
+    raw_payload,
     raw_payload_size,
     read_stream_header,
     validate_block_headers,
@@ -131,8 +132,7 @@ class Sz(Codec):
         encoded = encode(x, params, raw_size)
         if encoded is None:
             flags, n_words, n_outliers = FLAG_RAW, 0, 0
-            data = torch.zeros(raw_size, dtype=torch.uint8, device=x.device)
-            data[: n * x.element_size()] = x.view(torch.uint8)
+            data = raw_payload(x)
             checksum = kernels.checksum(data)
         else:
             flags = 0

@@ -88,6 +88,13 @@ def raw_payload_size(numel: int, dtype: torch.dtype) -> int:
     return align8(numel * dtype.itemsize)
 
 
+def raw_payload(flat: torch.Tensor) -> torch.Tensor:
+    """The raw fallback payload of a contiguous 1-D tensor: its bytes, zero-padded to 8."""
+    data = torch.zeros(raw_payload_size(flat.numel(), flat.dtype), dtype=torch.uint8, device=flat.device)
+    data[: flat.numel() * flat.element_size()] = flat.view(torch.uint8)
+    return data
+
+
 def write_stream_header(codec_id: str, dtype: torch.dtype, shape, fields_format: str, *fields) -> bytes:
     """A header whose last field is a CRC-32 of the header with that field zeroed."""
     blob = write_header(codec_id, dtype, shape, fields_format + "I", *fields, 0)
