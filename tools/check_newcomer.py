@@ -1,0 +1,99 @@
+"""Checks for tools/newcomer.sh: the README's first command, and the table `hpcdl demo` printed.
+
+Standard library only: it runs before (and outside) the virtual environment the command creates.
+
+    python3 tools/check_newcomer.py --readme-command README.md   # print the command to run
+    python3 tools/check_newcomer.py --demo-table STDOUT_FILE     # exit 1, saying why, unless the table is sound
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+#: (model column, method column) of every row the demo must print.
+EXPECTED_ROWS = {
+    ("deeplabv3p-climate (tiny)", "baseline"), ("deeplabv3p-climate (tiny)", "sz rel 1e-2"),
+    ("hep-cnn (small)", "baseline"), ("hep-cnn (small)", "sz rel 1e-2"),
+}
+#: The least activation ratio the sz rows may show (the README reports 7.9x and 12.3x).
+MIN_SZ_RATIO = 3.0
+
+
+def readme_command(path: str) -> str:
+    """The first line of the README's first ```bash block, without its trailing comment."""
+    text = Path(path).read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    if block is None:
+        raise SystemExit(f"{path}: no ```bash block; the README must open with the two commands")
+    first = block.group(1).splitlines()[0]
+    return first.split("  #")[0].strip()
+
+
+def table_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the demo's table (columns are separated by two or more spaces)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("model ") and "batch @ budget" in line), None)
+    if start is None:
+        raise ValueError("no table header ('model ... batch @ budget') in the demo's output")
+    header = re.split(r"\s{2,}", lines[start].strip())
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        rows.append(dict(zip(header, re.split(r"\s{2,}", line.strip()))))
+    return rows
+
+
+def check_table(text: str) -> list[str]:
+    """What is wrong with the demo's printed output (empty when it is sound)."""
+    problems = [line for line in text.splitlines() if line.startswith("NOT RUN")]
+    try:
+        rows = table_rows(text)
+    except ValueError as err:
+        return [str(err)]
+    seen = {(row.get("model"), row.get("activations")) for row in rows}
+    if seen != EXPECTED_ROWS:
+        problems.append(f"rows {sorted(map(str, seen))}, expected {sorted(map(str, EXPECTED_ROWS))}")
+    batches = {}
+    for row in rows:
+        where = f"{row.get('model')} / {row.get('activations')}"
+        metric = re.fullmatch(r"(miou|auc|accuracy) (\d\.\d+)", row.get("val metric", ""))
+        if metric is None or not 0.0 <= float(metric.group(2)) <= 1.0:
+            problems.append(f"{where}: val metric {row.get('val metric')!r} is not a metric in [0, 1]")
+        ratio = re.fullmatch(r"(\d+\.\d)x", row.get("ratio", ""))
+        batch = re.fullmatch(r"(\d+) under .+", row.get("batch @ budget", ""))
+        if ratio is None or batch is None:
+            problems.append(f"{where}: unreadable ratio {row.get('ratio')!r} or batch {row.get('batch @ budget')!r}")
+            continue
+        batches[(row["model"], row["activations"])] = int(batch.group(1))
+        if row["activations"] != "baseline" and float(ratio.group(1)) < MIN_SZ_RATIO:
+            problems.append(f"{where}: activation ratio {ratio.group(1)}x, expected at least {MIN_SZ_RATIO}x")
+        if int(batch.group(1)) < 1:
+            problems.append(f"{where}: no batch fits the budget")
+    for model in {model for model, _ in EXPECTED_ROWS}:
+        base, sz = batches.get((model, "baseline")), batches.get((model, "sz rel 1e-2"))
+        if base is not None and sz is not None and sz < base:
+            problems.append(f"{model}: sz fits batch {sz}, less than the baseline's {base}")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--readme-command", metavar="README")
+    group.add_argument("--demo-table", metavar="STDOUT_FILE")
+    args = parser.parse_args()
+    if args.readme_command:
+        print(readme_command(args.readme_command))
+        return 0
+    problems = check_table(Path(args.demo_table).read_text(encoding="utf-8"))
+    for problem in problems:
+        print(f"check_newcomer: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
