@@ -121,12 +121,12 @@ class Layout:
     def source(self, tensor: torch.Tensor) -> torch.Tensor:
         """What to encode for ``tensor`` (whose footprint this is): a view of its storage, or a compact copy."""
         fp = self.footprint
-        distinct = tensor.as_strided(fp.distinct_size, fp.stride, fp.offset)
-        if self.dense:
-            return distinct.permute(self.order)  # contiguous: the span in the view's own (permuted) shape
+        shape = [fp.distinct_size[d] for d in self.order]  # the distinct elements, in memory order
+        if self.dense:  # the span in that shape, with canonical strides (whatever the strides of size-1 dims were)
+            return tensor.as_strided(shape, _contiguous_strides(shape), fp.lo)
         if self.span:
             return tensor.as_strided((self.numel,), (1,), fp.lo)
-        return distinct.permute(self.order).contiguous()
+        return tensor.as_strided(fp.distinct_size, fp.stride, fp.offset).permute(self.order).contiguous()
 
     def rebuild(self, base: torch.Tensor, footprint: Footprint) -> torch.Tensor:
         """The view ``footprint`` on the decoded ``base`` (contiguous, in the shape :meth:`source` had).
@@ -138,6 +138,14 @@ class Layout:
             return base.as_strided(footprint.size, footprint.stride, offset)
         inverse = sorted(range(len(self.order)), key=self.order.__getitem__)
         return base.permute(inverse).expand(footprint.size)
+
+
+def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 class ModelStorages:
