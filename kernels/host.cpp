@@ -13,7 +13,7 @@
 // Below these sizes a loop runs on the calling thread: waking a thread team costs more than it saves
 // (milliseconds on a busy machine), and activations come in every size.
 #define HPCDL_PARALLEL_MIN_BLOCKS 8192  // 262144 elements
-#define HPCDL_PARALLEL_MIN_ELEMENTS (1 << 18)  // for the cheap one-pass loops: finite range, checksum
+#define HPCDL_PARALLEL_MIN_ELEMENTS (1 << 18)  // for the cheap one-pass loops: checksum
 
 // Fused encoder: blocks are cut into parts of HPCDL_PART_BLOCKS; each part is one pass over its input that
 // quantizes a block, chooses its header and writes its words and outliers at once (while the block's codes are
@@ -132,41 +132,7 @@ static int part_word_offsets(const hp_u8* headers, hp_i64 blocks, hp_i64 n_words
     return widest <= 32 && total == n_words ? 0 : -2;
 }
 
-// Smallest and largest finite element, compared in the compute type (float32 holds float16 and bfloat16
-// exactly, and min and max commute with the exact widening to float64); 0 when no element is finite.
-template <class D>
-static int finite_range(const void* data, hp_i64 n, double* lowest, double* highest) {
-    typedef typename D::T T;
-    const typename D::S* x = (const typename D::S*)data;
-    T lo = (T)(1.0 / 0.0), hi = (T)(-1.0 / 0.0);
-#pragma omp parallel for simd schedule(static) reduction(min : lo) reduction(max : hi) \
-    if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
-    for (hp_i64 i = 0; i < n; ++i) {
-        T v = D::load(x[i]);
-        bool is_finite = v - v == (T)0;
-        T low_candidate = is_finite ? v : lo, high_candidate = is_finite ? v : hi;
-        lo = low_candidate < lo ? low_candidate : lo;
-        hi = high_candidate > hi ? high_candidate : hi;
-    }
-    *lowest = (double)lo;
-    *highest = (double)hi;
-    return lo <= hi;
-}
-
 extern "C" {
-
-// Writes the smallest and largest finite element of x; returns 1 if some element is finite, 0 if none, or -1 for an
-// unknown dtype.
-int hpcdl_finite_range(int dtype, const void* x, hp_i64 n, double* lowest, double* highest) {
-    switch (dtype) {
-        case HPCDL_DTYPE_F32: return finite_range<HpF32>(x, n, lowest, highest);
-        case HPCDL_DTYPE_F16: return finite_range<HpF16>(x, n, lowest, highest);
-        case HPCDL_DTYPE_BF16: return finite_range<HpBF16>(x, n, lowest, highest);
-        case HPCDL_DTYPE_F64: return finite_range<HpF64>(x, n, lowest, highest);
-    }
-    return -1;
-}
-
 
 // Validates the block headers against n_words (returns -2 if they are corrupted), then unpacks and dequantizes
 // every block into out (dtype code `dtype`); part_first_words is scratch of one int64 per part of

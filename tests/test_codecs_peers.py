@@ -146,17 +146,3 @@ def test_corrupted_and_truncated_streams_never_reach_the_library(codec_id):
     other = "zfp" if codec_id == "sz3" else "sz3"
     with pytest.raises(CodecError, match=f"made by codec '{codec_id}'"):
         get_codec({"id": other}).decode(packed)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_rel_bound_is_error_bound_absolute(dtype):
-    from hpcdl.compress import ErrorBound
-    from hpcdl.compress.peers import _absolute_bound
-
-    finite = smooth_field((17, 9), dtype=dtype)
-    with_nan = finite.clone()
-    with_nan[2, 3] = float("nan")
-    for tensor in (finite, with_nan, torch.full((4,), 2.5, dtype=dtype), torch.empty(0, dtype=dtype)):
-        for mode in ("abs", "rel"):
-            bound = ErrorBound(mode, 1e-3)
-            assert _absolute_bound(bound, tensor) == bound.absolute(tensor)

@@ -135,12 +135,15 @@ def test_unpacked_views_have_the_saved_size_strides_and_offset():
     with compressed(nn.Identity(), Policy.static({"id": "raw"}), threshold=0) as session:
         dense = wide.t()  # a transposed view of the whole storage: packed in storage order
         inside = wide[5:25, 3:13].t()  # offset, transposed, with gaps, inside that span: shared
-        alone = other[::2, 1::3]  # with gaps, and nothing else saved from its storage: packed alone
+        alone = other[::2, 1::3]  # with gaps, and nothing else saved from its storage: packed alone, compactly
         outs = [view.sin() for view in (dense, inside, alone)]
     assert session.stats.total().shared == 1 and session.live_entries == 2
+    assert session.stats.total().original == (40 * 30 + 20 * 10) * 4  # the span of `wide`; the 200 values of `alone`
     restored = [out.grad_fn._saved_self for out in outs]  # runs the unpack hook
-    for got, view in zip(restored, (dense, inside, alone)):
+    for got, view in zip(restored, (dense, inside)):
         assert (got.size(), got.stride()) == (view.size(), view.stride()) and torch.equal(got, view)
+    # the view with gaps comes back without its gaps: same size and values, strides in the same order
+    assert restored[2].size() == alone.size() and restored[2].stride() == (10, 1) and torch.equal(restored[2], alone)
     # while the first is alive, the second view comes from the same decompressed tensor, at the same relative offset
     assert restored[1].untyped_storage().data_ptr() == restored[0].untyped_storage().data_ptr()
     assert restored[1].storage_offset() - restored[0].storage_offset() == inside.storage_offset()

@@ -104,18 +104,51 @@ class ErrorBound:
         return torch.full_like(original, self.absolute(original), dtype=torch.float64)
 
 
+VALUE_RANGE_SLICE = 1 << 18  # most elements value_range scans at once when it must skip NaN/Inf
+
+
 def value_range(tensor: torch.Tensor) -> float:
-    """max - min over the finite elements, in float64; 0.0 for a tensor with none."""
+    """max - min over the finite elements, in float64; 0.0 for a tensor with none.
+
+    The one definition, for every device and backend. All finite (the usual case):
+    one ``aminmax`` pass and no copy. With NaN or Inf (fp16 overflow, masks filled
+    with -inf) it scans slices of at most 1/16 of the tensor (and at most
+    ``VALUE_RANGE_SLICE`` elements), replacing the non-finite values of one slice at
+    a time, so its scratch stays under 1/8 of the tensor's bytes: it runs inside the
+    pack hook, when memory is tightest. min and max are exact in the tensor's own
+    dtype; only their difference is taken in float64.
+    """
     if tensor.numel() == 0:
         return 0.0
-    low, high = torch.aminmax(tensor.detach())
+    x = tensor.detach()
+    low, high = torch.aminmax(x)
     low, high = float(low), float(high)
-    if math.isfinite(low) and math.isfinite(high):  # one pass: every element is finite (NaN would propagate)
+    if math.isfinite(low) and math.isfinite(high):  # NaN would have propagated, so every element is finite
         return high - low
-    finite = tensor[torch.isfinite(tensor)].to(torch.float64)
-    if finite.numel() == 0:
-        return 0.0
-    return float(finite.max() - finite.min())
+    lows, highs = [], []
+    for piece in _slices(x, max(1, min(VALUE_RANGE_SLICE, x.numel() // 16))):
+        finite = torch.isfinite(piece)
+        lows.append(torch.where(finite, piece, math.inf).amin())
+        highs.append(torch.where(finite, piece, -math.inf).amax())
+    low, high = float(torch.stack(lows).amin()), float(torch.stack(highs).amax())
+    return high - low if low <= high else 0.0
+
+
+def _slices(x: torch.Tensor, limit: int):
+    """Views of ``x`` (no copies, any strides) that together hold each of its elements once, <= ``limit`` each."""
+    if x.numel() <= limit or x.dim() == 0:
+        yield x
+    elif x.is_contiguous():
+        flat = x.view(-1)
+        for start in range(0, flat.numel(), limit):
+            yield flat[start : start + limit]
+    elif x[0].numel() <= limit:
+        rows = limit // x[0].numel()
+        for start in range(0, x.size(0), rows):
+            yield x[start : start + rows]
+    else:
+        for row in x:
+            yield from _slices(row, limit)
 
 
 class Codec(ABC):

@@ -60,7 +60,7 @@ class PeerCodec(Codec):
             raise ValueError(f"peer codec {self.codec_id!r} runs on CPU tensors only, got one on {tensor.device}; "
                              "use sz for device tensors or pass tensor.cpu()")
         array = tensor.detach().contiguous().numpy()
-        absolute = _absolute_bound(self.error_bound, tensor)
+        absolute = self.error_bound.absolute(tensor)
         stream = self._compress(array.reshape(_library_shape(tensor.shape)), absolute) if array.size else b""
         header = write_header(self.codec_id, tensor.dtype, tensor.shape, _HEADER_FIELDS,
                               absolute, len(stream), zlib.crc32(stream))
@@ -128,20 +128,6 @@ class Zfp(PeerCodec):
     def _decompress(self, stream: bytes, dtype: np.dtype, shape: tuple[int, ...], absolute: float) -> np.ndarray:
         ztype = self.library.type_float if dtype == np.float32 else self.library.type_double
         return self.library._decompress(stream, ztype, list(shape), tolerance=absolute)
-
-
-def _absolute_bound(error_bound: ErrorBound, tensor: torch.Tensor) -> float:
-    """``error_bound.absolute(tensor)``, in one min/max pass when every value is finite (the usual case).
-
-    ``value_range`` first selects the finite values (a mask, a copy and a float64 cast: on activations
-    that took 10x longer than SZ3 itself); when min and max are finite, so is every value, and the
-    float64 difference of the two is the same number.
-    """
-    if error_bound.mode == "rel" and tensor.numel():
-        low, high = torch.aminmax(tensor)
-        if math.isfinite(low) and math.isfinite(high):
-            return error_bound.bound * (float(high) - float(low))
-    return error_bound.absolute(tensor)
 
 
 def _import_library(package: str, codec_id: str):

@@ -41,7 +41,10 @@ def is_plain_strided(tensor: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class Footprint:
-    """Size, strides and storage offset of a view, and the storage span [lo, hi) it touches, in elements."""
+    """Size, strides and storage offset of a view, and the storage span [lo, hi) it touches, in elements.
+
+    PyTorch strides are never negative, so the span starts at the offset.
+    """
 
     size: tuple[int, ...]
     stride: tuple[int, ...]
@@ -53,31 +56,96 @@ class Footprint:
 
     @property
     def lo(self) -> int:
-        return self.offset + sum((s - 1) * st for s, st in zip(self.size, self.stride) if st < 0)
+        return self.offset
 
     @property
     def hi(self) -> int:
-        return self.offset + sum((s - 1) * st for s, st in zip(self.size, self.stride) if st > 0) + 1
+        return self.offset + sum((s - 1) * st for s, st in zip(self.size, self.stride)) + 1
 
     @property
     def numel(self) -> int:
         return math.prod(self.size)
 
+    @property
+    def distinct_size(self) -> tuple[int, ...]:
+        """The size with every stride-0 (expanded) dim cut to 1: the view's distinct elements, if it has no overlap."""
+        return tuple(1 if st == 0 else s for s, st in zip(self.size, self.stride))
+
     def within(self, lo: int, hi: int) -> bool:
         return lo <= self.lo and self.hi <= hi
 
 
-def dense_order(tensor: torch.Tensor) -> tuple[int, ...] | None:
-    """A permutation that makes ``tensor`` contiguous, if it fills its storage span exactly (e.g. a transpose).
+@dataclass(frozen=True)
+class Layout:
+    """How the session packs one saved view so that any geometry restores without writing into overlapping memory.
 
-    Returns None for views with gaps or overlaps (slices with steps, expanded
-    dims, a chunk of a wider tensor), whose span holds elements they do not own.
+    The view's *distinct* elements are those left when every stride-0 (expanded)
+    dim is cut to size 1; ``order`` lists the dims by falling stride (memory
+    order). The session packs the cheaper of two things:
+
+    * ``span``: the storage elements [lo, hi) themselves, when there are no more of
+      them than distinct elements (a contiguous tensor, a transpose, an expanded
+      row, an overlapping ``unfold``). The view is rebuilt with ``as_strided`` on
+      the decoded span, so it gets back its exact strides (lossless gradients stay
+      bit-identical), and any other view inside the span can share the entry.
+      ``dense`` says the distinct view fills the span exactly: then it is packed in
+      its own (permuted) shape, with no copy, rather than as a flat run.
+    * ``compact``: the distinct elements copied in memory order, when the span has
+      gaps (a slice with steps, a column of a wide matrix). Rebuilt by permuting the
+      decoded tensor back and expanding the stride-0 dims: the same size and the
+      same order of strides, without the gaps (restoring those would cost memory).
     """
-    footprint = Footprint.of(tensor)
-    if footprint.hi - footprint.lo != footprint.numel:
-        return None
-    order = tuple(sorted(range(tensor.dim()), key=lambda d: (-tensor.stride(d), -tensor.size(d))))
-    return order if tensor.permute(order).is_contiguous() else None
+
+    footprint: Footprint
+    span: bool
+    dense: bool
+    order: tuple[int, ...]
+
+    @classmethod
+    def of(cls, footprint: Footprint) -> "Layout":
+        distinct = footprint.distinct_size
+        order = tuple(sorted(range(len(distinct)), key=lambda d: (-footprint.stride[d], -distinct[d])))
+        extent, dense = 1, True  # the span of the dims seen so far, from the smallest stride up
+        for d in reversed(order):
+            if distinct[d] > 1:
+                dense = dense and footprint.stride[d] == extent
+                extent += (distinct[d] - 1) * footprint.stride[d]
+        span = extent <= math.prod(distinct)
+        return cls(footprint, span, span and dense, order)
+
+    @property
+    def numel(self) -> int:
+        """Elements packed: the span's, or the distinct elements'."""
+        return self.footprint.hi - self.footprint.lo if self.span else math.prod(self.footprint.distinct_size)
+
+    def source(self, tensor: torch.Tensor) -> torch.Tensor:
+        """What to encode for ``tensor`` (whose footprint this is): a view of its storage, or a compact copy."""
+        fp = self.footprint
+        shape = [fp.distinct_size[d] for d in self.order]  # the distinct elements, in memory order
+        if self.dense:  # the span in that shape, with canonical strides (whatever the strides of size-1 dims were)
+            return tensor.as_strided(shape, _contiguous_strides(shape), fp.lo)
+        if self.span:
+            return tensor.as_strided((self.numel,), (1,), fp.lo)
+        return tensor.as_strided(fp.distinct_size, fp.stride, fp.offset).permute(self.order).contiguous()
+
+    def rebuild(self, base: torch.Tensor, footprint: Footprint) -> torch.Tensor:
+        """The view ``footprint`` on the decoded ``base`` (contiguous, in the shape :meth:`source` had).
+
+        ``footprint`` is this layout's own, or in ``span`` mode any view inside the span.
+        """
+        if self.span:
+            offset = base.storage_offset() + footprint.offset - self.footprint.lo
+            return base.as_strided(footprint.size, footprint.stride, offset)
+        inverse = sorted(range(len(self.order)), key=self.order.__getitem__)
+        return base.permute(inverse).expand(footprint.size)
+
+
+def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 class ModelStorages:

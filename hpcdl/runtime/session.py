@@ -11,13 +11,15 @@ Pack (during forward), for each saved tensor:
 * a storage span that is already packed at the same version (a ReLU output
   the next conv saves again, a transposed view) is shared, not packed again;
 * otherwise the policy picks a codec by kind (bool -> ``bitmask``, integer ->
-  ``int``, floating -> the policy's codec) and the span is encoded at once.
+  ``int``, floating -> the policy's codec) and what the view's :class:`Layout`
+  packs (its storage span, or its distinct elements) is encoded at once.
   Nothing in the session keeps a reference to the original, so autograd's
   copy is freed as soon as the forward code drops it. A codec that raises
   leaves the tensor as it is, with a :class:`CompressionFallbackWarning`.
 
 Unpack (during backward) decodes into a fresh tensor and returns the view
-autograd saved (same size, strides and offset). A decoded span is reused by a
+autograd saved (same size; same strides and offset when its span was packed)
+without ever writing into it, so expanded and overlapping views restore too. A decoded span is reused by a
 second view only while the first unpacked tensor is still alive. Packed data
 lives in entries owned by the handles autograd holds, so it is freed as soon
 as autograd drops the graph (after backward) or when :meth:`Session.release`
@@ -34,7 +36,7 @@ import weakref
 import torch
 
 from hpcdl.compress import Codec, Packed, check_bound
-from hpcdl.runtime.classify import Footprint, ModelStorages, dense_order, is_plain_strided, kind_of
+from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
 from hpcdl.runtime.policy import Policy, policy_from_spec
 from hpcdl.runtime.stats import Row, Stats
 
@@ -58,39 +60,46 @@ class ReleasedError(RuntimeError):
 
 
 class _Entry:
-    """One packed storage span, shared by every handle that saved a view inside it."""
+    """One packed view (its storage span, or its distinct elements), shared by every handle that saved a view it holds.
+
+    ``kept`` is the original tensor when nothing was encoded (no codec, or the
+    codec failed); ``copy`` is an uncompressed copy of what the layout packs (a
+    small view of a large storage); otherwise ``packed`` holds the encoded data.
+    """
 
     __slots__ = (
-        "codec", "packed", "kept", "original", "lo", "hi", "dense", "footprint", "storage", "dtype", "device",
+        "codec", "packed", "kept", "copy", "original", "layout", "storage", "dtype", "device",
         "row", "stats", "decoded", "decoded_layout", "released", "__weakref__",
     )
 
-    def __init__(self, tensor: torch.Tensor, footprint: Footprint, dense: bool, row: Row, stats: Stats):
-        self.footprint = footprint
-        self.dense = dense
-        self.lo, self.hi = footprint.lo, footprint.hi
+    def __init__(self, tensor: torch.Tensor, layout: Layout, row: Row, stats: Stats):
+        self.layout = layout
         self.storage = weakref.ref(tensor.untyped_storage())
         self.dtype, self.device = tensor.dtype, tensor.device
         self.row, self.stats = row, stats
         self.codec: Codec | None = None
         self.packed: Packed | None = None
         self.kept: torch.Tensor | None = None
+        self.copy: torch.Tensor | None = None
         self.original: torch.Tensor | None = None
         self.decoded = None  # weak reference to the storage of the last decoded span
         self.decoded_layout = None
         self.released = False
 
     def shares(self, tensor: torch.Tensor, footprint: Footprint) -> bool:
-        """Whether ``tensor`` is a view this entry can rebuild: same live storage, inside a dense span."""
+        """Whether ``tensor`` is a view this entry can rebuild: same live storage, inside a packed span."""
         if self.released or tensor.dtype != self.dtype or self.storage() is not tensor.untyped_storage():
             return False
-        return footprint.within(self.lo, self.hi) if self.dense else footprint == self.footprint
+        own = self.layout.footprint
+        return footprint.within(own.lo, own.hi) if self.layout.span else footprint == own
 
     @property
     def nbytes(self) -> int:
         if self.packed is not None:
             return self.packed.nbytes
-        return self.kept.numel() * self.kept.element_size() if self.kept is not None else 0
+        if self.copy is not None:
+            return self.copy.numel() * self.copy.element_size()
+        return self.layout.numel * self.kept.element_size() if self.kept is not None else 0
 
     def restore(self, footprint: Footprint) -> torch.Tensor:
         if self.released:
@@ -100,13 +109,8 @@ class _Entry:
             )
         if self.kept is not None:
             return torch.as_strided(self.kept, footprint.size, footprint.stride, footprint.offset)
-        base = self._decoded_base()
-        if self.dense:
-            return base.as_strided(footprint.size, footprint.stride, base.storage_offset() + footprint.offset - self.lo)
-        span = torch.empty(self.hi - self.lo, dtype=self.dtype, device=self.device)
-        view = span.as_strided(footprint.size, footprint.stride, footprint.offset - self.lo)
-        view.copy_(base)
-        return view
+        base = self.copy if self.copy is not None else self._decoded_base()
+        return self.layout.rebuild(base, footprint)
 
     def _decoded_base(self) -> torch.Tensor:
         """The decoded span: reused while a tensor unpacked from it is still alive, else decoded afresh."""
@@ -127,7 +131,7 @@ class _Entry:
         return base
 
     def release(self) -> None:
-        self.packed = self.kept = self.original = self.decoded = None
+        self.packed = self.kept = self.copy = self.original = self.decoded = None
         self.released = True
 
 
@@ -250,14 +254,20 @@ class Session:
         if shared is not None:
             row.shared += 1
             return _SavedRef(shared, footprint)
-        nbytes = tensor.numel() * tensor.element_size()
+        layout = Layout.of(footprint)
+        nbytes = layout.numel * tensor.element_size()
         if nbytes < self.threshold:
             row.kept += 1
             row.original += nbytes
             row.packed += nbytes
-            small_view_of_large_storage = tensor.untyped_storage().nbytes() > 2 * nbytes
-            return tensor.clone() if small_view_of_large_storage else tensor
-        entry = self._new_entry(tensor, footprint, module, kind, row)
+            if tensor.untyped_storage().nbytes() <= 2 * nbytes:
+                return tensor
+            # a small view of a much larger storage: a small copy, so that it does not pin the large storage
+            entry = _Entry(tensor, layout, row, self.stats)
+            entry.copy = layout.source(tensor).clone(memory_format=torch.contiguous_format)
+            self._entries.add(entry)
+            return _SavedRef(entry, footprint)
+        entry = self._new_entry(tensor, layout, module, kind, row)
         self._entries.add(entry)
         self._by_storage.setdefault(key, []).append(weakref.ref(entry))
         return _SavedRef(entry, footprint)
@@ -269,15 +279,9 @@ class Session:
                 return entry
         return None
 
-    def _new_entry(self, tensor: torch.Tensor, footprint: Footprint, module: str, kind: str, row: Row) -> _Entry:
-        if tensor.is_contiguous():
-            base, dense = tensor, True
-        else:
-            order = dense_order(tensor)
-            dense = order is not None
-            base = tensor.permute(order) if dense else tensor.contiguous()
-        entry = _Entry(tensor, footprint, dense, row, self.stats)
-        nbytes = base.numel() * base.element_size()
+    def _new_entry(self, tensor: torch.Tensor, layout: Layout, module: str, kind: str, row: Row) -> _Entry:
+        entry = _Entry(tensor, layout, row, self.stats)
+        nbytes = layout.numel * tensor.element_size()
         row.original += nbytes
         codec = self.policy.codec_for(self.policy.info(module, kind, tensor)) if self.policy is not None else None
         if codec is None:
@@ -286,6 +290,7 @@ class Session:
             row.packed += nbytes
             return entry
         start = time.perf_counter()
+        base = layout.source(tensor)  # a view of the storage, or (for a view with gaps) a compact copy
         try:
             entry.packed = codec.encode(base)
         except Exception as err:  # a codec bug or an input it cannot take must not break training

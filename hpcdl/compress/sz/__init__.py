@@ -126,7 +126,7 @@ class Sz(Codec):
         kernels = backend_module(backend, tensor.device)
         x = tensor.detach().contiguous().reshape(-1)
         n = x.numel()
-        params = SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, x, kernels.value_range)
+        params = SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, x)
         raw_size = raw_payload_size(n, x.dtype)
         encode = host.sz_encode if kernels is host else partial(_encode_two_passes, kernels)
         encoded = encode(x, params, raw_size)

@@ -12,7 +12,7 @@ the GIL during each call, and the library runs its block loops on OpenMP threads
 from __future__ import annotations
 
 import ctypes
-from ctypes import POINTER, byref, c_double, c_int, c_int64, c_uint64, c_void_p
+from ctypes import c_double, c_int, c_int64, c_uint64, c_void_p
 from pathlib import Path
 
 import torch
@@ -29,8 +29,6 @@ def _load() -> ctypes.CDLL | None:
     package = Path(__file__).resolve().parents[2]
     for candidate in sorted(package.glob("_kernels_host*.so")):
         library = ctypes.CDLL(str(candidate))
-        library.hpcdl_finite_range.argtypes = [c_int, c_void_p, c_int64, POINTER(c_double), POINTER(c_double)]
-        library.hpcdl_finite_range.restype = c_int
         library.hpcdl_sz_decode.argtypes = [c_int, c_void_p, c_int64, c_void_p, c_int64, c_int, c_double, c_double,
                                             c_int, c_void_p, c_void_p]
         library.hpcdl_sz_decode.restype = c_int
@@ -64,13 +62,6 @@ def _check(status: int) -> int:
     if status < 0:
         raise TypeError("the host kernels got a dtype they do not handle; sz takes float32, float16, bfloat16, float64")
     return status
-
-
-def value_range(x: torch.Tensor) -> float:
-    """max - min over the finite elements in float64, 0.0 if none: hpcdl.compress.value_range, in one pass."""
-    lowest, highest = c_double(), c_double()
-    finite = _check(LIBRARY.hpcdl_finite_range(DTYPE_CODES[x.dtype], _ptr(x), x.numel(), byref(lowest), byref(highest)))
-    return highest.value - lowest.value if finite else 0.0
 
 
 def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[torch.Tensor, int, int, int] | None:

@@ -60,8 +60,8 @@ class SzParams:
         return 1.0 / (2.0 * self.eb) if self.eb > 0 else math.inf
 
     @classmethod
-    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor, value_range=value_range) -> "SzParams":
-        """Parameters for ``tensor``; ``value_range`` may be a faster implementation of the same function."""
+    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor) -> "SzParams":
+        """Parameters for ``tensor`` (rel: from :func:`hpcdl.compress.value_range`, on any device)."""
         if mode == "pw_rel":
             return cls(mode, bound, 0.0, pw_rel_shift(tensor.dtype, bound))
         return cls(mode, bound, bound if mode == "abs" else bound * value_range(tensor), 0)

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from hpcdl.compress.base import value_range
 from hpcdl.compress.sz.params import KERNEL_MODE_PW_REL, MAX_Q, SzParams, compute_dtype
 from hpcdl.compress.sz.stream import BLOCK, block_count
 
-__all__ = ["block_headers", "checksum", "pack", "sz_decode", "sz_headers", "sz_pack", "unpack", "value_range"]
+__all__ = ["block_headers", "checksum", "pack", "sz_decode", "sz_headers", "sz_pack", "unpack"]
 
 PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO, PRED_SPARSE = 0, 1, 2, 3
 _CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
