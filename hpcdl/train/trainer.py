@@ -38,7 +38,7 @@ from hpcdl.train.config import codec_config, load_config
 from hpcdl.train.evaluate import ValidationSums
 from hpcdl.train.optim import build_optimizer, build_scheduler
 from hpcdl.train.peak import PeakMemory
-from hpcdl.train.runlog import RunLog, latest_run_dir, run_dir_name
+from hpcdl.train.runlog import RunLog, latest_run_dir, new_run_dir
 
 
 @dataclass
@@ -262,7 +262,7 @@ class _Run:
         # Rank 0's clock names the directory; the mean of (t, 0, 0, ...) times size carries it to every rank.
         now = time.time() if self.backend.is_root else 0.0
         stamp = round(self.backend.allreduce_mean({"t": now})["t"] * self.backend.size)
-        return Path(self.config["logging"]["out_dir"]) / run_dir_name(self.config["name"], stamp)
+        return new_run_dir(self.config["logging"]["out_dir"], self.config["name"], stamp)
 
     def _state(self) -> dict:
         policy_state = {}
