@@ -110,17 +110,21 @@ def test_numbers_too_large_are_config_errors_not_overflow():
 @pytest.mark.parametrize("name", ["../../x", "..", ".", ".hidden", "a/b", "x\ny", "a b", "-x", "", "é", "a" * 101,
                                   "run*", "run[1]"])
 def test_run_names_are_single_safe_path_components(name):
+    from hpcdl.train.config import check_run_name
+
     with pytest.raises(ConfigError, match=r"config key 'name' must be a run name of 1 to 100 letters, digits"):
-        load_config({**MINIMAL, "name": name})
-    assert load_config({**MINIMAL, "name": "my-run_2.0+sz"})["name"] == "my-run_2.0+sz"
+        check_run_name(load_config({**MINIMAL, "name": name})["name"])
+    assert check_run_name(load_config({**MINIMAL, "name": "my-run_2.0+sz"})["name"]) == "my-run_2.0+sz"
 
 
 def test_a_config_file_whose_name_is_not_a_run_name_needs_a_name(tmp_path):
+    from hpcdl.train.config import check_run_name
+
     path = tmp_path / "my run.yaml"
     path.write_text("extends: hep-jets\n")
     with pytest.raises(ConfigError, match=r"got 'my run' \(it defaults to the config file's name; set `name:`"):
-        load_config(path)
-    assert load_config(path, overrides=["name=mine"])["name"] == "mine"
+        check_run_name(load_config(path)["name"])
+    assert check_run_name(load_config(path, overrides=["name=mine"])["name"]) == "mine"
 
 
 def test_yaml_tags_and_non_mappings_are_one_line_config_errors(tmp_path):

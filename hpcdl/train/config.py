@@ -247,16 +247,18 @@ def _validate_section(raw: dict, schema: dict, path: str) -> dict:
 
 
 def check_run_name(name: str) -> str:
-    """``name`` if it is a safe run name (one path component, see :data:`RUN_NAME`); else ConfigError."""
+    """``name`` if it can name a run directory (one path component, see :data:`RUN_NAME`); else ConfigError.
+
+    Checked where the name becomes a path (a run without --run-dir, --resume of the newest run), not by the
+    schema: with an explicit run directory the name is only a title (the study's "hep-cnn sz:rel=0.01 seed=0").
+    """
     if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
         raise ConfigError(f"config key 'name' must be a run name of {RUN_NAME_HELP}, got {name!r} (it defaults to "
-                          "the config file's name; set `name:` in the config or --set name=NAME)")
+                          "the config file's name; set `name:` in the config, --set name=NAME, or give --run-dir)")
     return name
 
 
 def _check_cross_fields(config: dict) -> None:
-    if config["name"] is not None:
-        check_run_name(config["name"])
     compression, optimizer = config["compression"], config["optimizer"]
     betas = optimizer["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):

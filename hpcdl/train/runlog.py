@@ -44,6 +44,7 @@ def make_dir(directory: Path, what: str) -> None:
 
 def latest_run_dir(out_dir: str | Path, name: str) -> Path:
     """The newest ``<out_dir>/<name>-<timestamp>`` directory, for ``--resume`` without a path."""
+    check_run_name(name)
     # Exactly <name>-<stamp>: the run "hep-jets" must not pick up a newer "hep-jets-gpu" run.
     stamped = re.compile(re.escape(name) + r"-\d{8}-\d{6}")
     candidates = sorted(p for p in Path(out_dir).glob(f"{glob.escape(name)}-*")

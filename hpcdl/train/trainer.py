@@ -34,7 +34,7 @@ import torch.utils.checkpoint
 from torch.utils.data import DataLoader, Subset
 
 from hpcdl.train import checkpoint as ckpt
-from hpcdl.train.config import codec_config, load_config
+from hpcdl.train.config import check_run_name, codec_config, load_config
 from hpcdl.train.evaluate import ValidationSums
 from hpcdl.train.optim import build_optimizer, build_scheduler
 from hpcdl.train.peak import PeakMemory
@@ -459,6 +459,8 @@ def run_training(config: dict | str, run_dir: str | Path | None = None, progress
     checkpoint to the same result the uninterrupted run would have reached.
     """
     config = load_config(config, overrides)  # validates a dict too; a resolved config resolves to itself
+    if run_dir is None and resume in (False, True):
+        check_run_name(config["name"])  # it will name the run directory: say so before any work
     run = _Run(config, run_dir, progress, resume)
     try:
         result = run.run()
