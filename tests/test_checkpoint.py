@@ -50,3 +50,38 @@ def test_rng_states_survive_a_checkpoint(tmp_path):
     set_rng_state(load_checkpoint(path)["rng"])
     assert torch.equal(torch.rand(3), expected[0])
     assert np.array_equal(np.random.rand(3), expected[1]) and random.random() == expected[2]
+
+
+def test_a_bad_latest_checkpoint_falls_back_to_the_previous_good_one(tmp_path):
+    from hpcdl.train.checkpoint import CheckpointWarning, load_latest_good
+
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, {"model": {"w": torch.full((50,), float(step))}}, keep=3)
+    newest = list_checkpoints(tmp_path)[-1]
+    newest.write_bytes(newest.read_bytes()[:-20])  # truncated
+    middle = list_checkpoints(tmp_path)[1]
+    blob = bytearray(middle.read_bytes())
+    blob[-30] ^= 0x01  # one flipped bit
+    middle.write_bytes(bytes(blob))
+    with pytest.warns(CheckpointWarning) as caught:
+        path, state = load_latest_good(tmp_path)
+    assert path.name == "ckpt-00000001.pt" and state["step"] == 1
+    assert [str(w.message).count(name) for w, name in zip(caught, ("ckpt-00000003", "ckpt-00000002"))] == [1, 1]
+    assert newest.exists() and middle.exists()  # left for inspection; the next saves replace them
+    path.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="no checkpoint in .* loads"):
+        load_latest_good(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        load_latest_good(tmp_path / "empty")
+
+
+def test_leftover_temporary_files_of_a_killed_write_are_removed(tmp_path):
+    from hpcdl.train.checkpoint import remove_stale_temporaries
+
+    (tmp_path / ".ckpt-00000004.pt.4242.tmp").write_bytes(b"half a checkpoint")
+    (tmp_path / "notes.tmp").write_text("not ours")
+    save_checkpoint(tmp_path, 5, {"model": {}}, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000005.pt", "notes.tmp"]
+    (tmp_path / ".ckpt-00000006.pt.77.tmp").write_bytes(b"")
+    assert [p.name for p in remove_stale_temporaries(tmp_path)] == [".ckpt-00000006.pt.77.tmp"]
+    assert remove_stale_temporaries(tmp_path / "missing") == []

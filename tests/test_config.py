@@ -95,3 +95,130 @@ def test_every_shipped_config_validates_and_has_a_description():
             from hpcdl.compress import codec_class
 
             codec_class(config["compression"]["id"])
+
+
+def test_numbers_too_large_are_config_errors_not_overflow():
+    for value in ("1e400", "1.0e+400", ".inf", ".nan", "1e19"):
+        with pytest.raises(ConfigError, match=r"'train\.memory_budget'.*finite number of bytes"):
+            load_config(MINIMAL, overrides=[f"train.memory_budget={value}"])
+    with pytest.raises(ConfigError, match=r"'train\.seed' must be <= 4294967295"):
+        load_config(MINIMAL, overrides=["train.seed=99999999999999999999"])
+    with pytest.raises(ConfigError, match=r"'train\.epochs' must be an integer of at most"):
+        load_config(MINIMAL, overrides=[f"train.epochs={10**30}"])
+
+
+@pytest.mark.parametrize("name", ["../../x", "..", ".", ".hidden", "a/b", "x\ny", "a b", "-x", "", "é", "a" * 101,
+                                  "run*", "run[1]"])
+def test_run_names_are_single_safe_path_components(name):
+    from hpcdl.train.config import check_run_name
+
+    with pytest.raises(ConfigError, match=r"config key 'name' must be a run name of 1 to 100 letters, digits"):
+        check_run_name(load_config({**MINIMAL, "name": name})["name"])
+    assert check_run_name(load_config({**MINIMAL, "name": "my-run_2.0+sz"})["name"]) == "my-run_2.0+sz"
+
+
+def test_a_config_file_whose_name_is_not_a_run_name_needs_a_name(tmp_path):
+    from hpcdl.train.config import check_run_name
+
+    path = tmp_path / "my run.yaml"
+    path.write_text("extends: hep-jets\n")
+    with pytest.raises(ConfigError, match=r"got 'my run' \(it defaults to the config file's name; set `name:`"):
+        check_run_name(load_config(path)["name"])
+    assert check_run_name(load_config(path, overrides=["name=mine"])["name"]) == "mine"
+
+
+def test_yaml_tags_and_non_mappings_are_one_line_config_errors(tmp_path):
+    cases = {
+        "x: !!python/object:os.system {}\n": r"constructor for the tag .*python/object:os.system.*plain YAML",
+        "model: !foo {name: hep-cnn}\n": r"constructor for the tag '!foo'",
+        "- 1\n- 2\n": r"must hold a mapping of config sections, got list",
+        "model: [\n": r"is not valid YAML: .* at line 2, column 1",
+        "train: {epochs: 2024-13-45}\n": r"holds a value YAML cannot build: month must be in 1\.\.12",
+    }
+    for text, message in cases.items():
+        path = tmp_path / "bad.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=message) as info:
+            load_config(path)
+        assert "\n" not in str(info.value)
+    path.write_bytes(b"model: {name: \xff}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml is not UTF-8 text"):
+        load_config(path)
+
+
+# --- A bounded fuzz campaign: malformed configs through load_config and through the CLI ---------------------
+
+BAD_VALUES = ["x", "[1, 2]", "{a: 1}", "true", "null", "1e400", "1.0e+400", ".nan", "-.inf", "-1", "0",
+              str(10**30), "2024-13-45", "!!python/object:os.system {}", "!foo 1", "é\u202e", "''", "'a\nb'", "[",
+              "0x10", "&a [*a]", "[" * 200 + "]" * 200, "!!binary notbase64", "!!int abc"]
+BAD_DOCUMENTS = ["", "~", "5", "'text'", "- 1", "[", "{", ": :", "\t- a", "a: b: c", "model: 5", "model: [1]",
+                 "model: {name: !!python/name:os.system}", "extends: 5", "extends: ''", "extends: nope",
+                 "extends: [hep-jets]", "extends: bad.yaml", "!!python/object/apply:os.system [ls]",
+                 "? [a, b]\n: c", "&a {extends: hep-jets, model: {options: *a}}", "\xef\xbb\xbfmodel: {name: x}",
+                 "model: {name: hep-cnn}\nmodel: {name: other}", "name: ../x\nextends: hep-jets", "%YAML 9.9\n---\na: 1",
+                 "a: &x [*x, *x]", "train: {epochs: 1e400}", "logging: {out_dir: !!binary aGk=}"]
+
+
+def _leaf_keys(schema=None, prefix=""):
+    from hpcdl.train.config import SCHEMA
+
+    for key, spec in (SCHEMA if schema is None else schema).items():
+        if isinstance(spec, dict):
+            yield from _leaf_keys(spec, f"{prefix}{key}.")
+        else:
+            yield prefix + key
+
+
+def _cli_outcome(capsys, argv) -> str:
+    """Run ``hpcdl`` in this process: 'ok', or 'error' when it printed one `hpcdl train: error:` line with exit 2."""
+    from hpcdl.cli import main
+
+    code = main(argv)
+    err = capsys.readouterr().err
+    if code == 0:
+        return "ok"
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("hpcdl train: error: "), (argv, code, err)
+    return "error"
+
+
+def test_fuzz_malformed_configs_give_config_errors_never_other_exceptions(tmp_path, capsys):
+    """Every bad value of every key, and malformed documents: a ConfigError (one line) or a valid config.
+
+    Through ``load_config`` and through ``hpcdl train --print-config`` in this process (no subprocess).
+    """
+    from hpcdl.train.config import ConfigError
+
+    counts = {"cases": 0, "config errors": 0, "accepted": 0}
+
+    def outcome(source, overrides=()):
+        counts["cases"] += 1
+        try:
+            load_config(source, overrides=list(overrides))
+        except (ConfigError, FileNotFoundError) as err:
+            assert "\n" not in str(err), str(err)
+            counts["config errors"] += 1
+            return "error"
+        counts["accepted"] += 1
+        return "ok"
+
+    cli_cases = 0
+    for index, key in enumerate(_leaf_keys()):
+        for position, value in enumerate(BAD_VALUES):
+            override = f"{key}={value}"
+            direct = outcome(MINIMAL, [override])
+            # Through the CLI too for a rotating quarter of the values (building its parser costs ~15 ms).
+            if (index + position) % 4 == 0:
+                cli_cases += 1
+                shipped = outcome("hep-jets", [override])
+                assert _cli_outcome(capsys, ["train", "hep-jets", "--set", override, "--print-config"]) == shipped
+    for key in ["", ".", "train..epochs", "train.epochs.x", "nope.x", "=", "model.options.x.y", "train"]:
+        outcome(MINIMAL, [f"{key}=1"])
+    for number, text in enumerate(BAD_DOCUMENTS):
+        path = tmp_path / f"doc{number}.yaml"
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+        direct = outcome(path)
+        assert _cli_outcome(capsys, ["train", str(path), "--print-config"]) == direct
+    assert counts["cases"] == len(list(_leaf_keys())) * len(BAD_VALUES) + cli_cases + 8 + len(BAD_DOCUMENTS)
+    assert cli_cases >= len(list(_leaf_keys())) * len(BAD_VALUES) // 4
+    assert counts["config errors"] > 0.8 * counts["cases"], counts

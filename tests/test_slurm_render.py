@@ -99,8 +99,8 @@ def test_config_file_becomes_an_absolute_path(tmp_path, monkeypatch):
         (dict(system="local", nodes=0), r"--nodes must be a whole number >= 1, got 0"),
         (dict(system="local", array=0), r"--array must be a whole number >= 1"),
         (dict(system="local", time="2h"), r"--time '2h' is not a Slurm time limit"),
-        (dict(system="local", account="a b"), r"--account 'a b' must be one word"),
-        (dict(system="local", job_name="x;rm"), r"--job-name 'x;rm' must be one word"),
+        (dict(system="local", account="a b"), r"--account 'a b' is not allowed in a job script; use letters"),
+        (dict(system="local", job_name="x;rm"), r"--job-name 'x;rm' is not allowed.*1 to 200 letters"),
         (dict(system="local", overrides=("train.epochz=2",)), r"unknown config key 'train.epochz'.*train.epochs"),
         (dict(system="local", extra_args=("--bogus",)), r"command inside the job.*unrecognized arguments: --bogus"),
         (dict(system="local", array=2, extra_args=("--methods", "baseline")),
@@ -149,3 +149,124 @@ def test_cli_submit_fails_before_sbatch_on_missing_account(capsys, monkeypatch):
     assert "needs --account" in capsys.readouterr().err
     assert main(["slurm", "submit", "--system", "local", "hep-jets"]) == 2
     assert "`sbatch` is not on PATH" in capsys.readouterr().err
+
+
+# --- Shell injection: a bounded fuzz campaign over every value that reaches a job script -------------------
+
+PAYLOADS = ["$(touch pwned)", "`touch pwned`", "${HOME}", "a;touch pwned", "a|b", "a&b", "a&&b", "a\ntouch pwned",
+            "a'b", 'a"b', "a b", "a\n#SBATCH --uid=0", "#SBATCH --uid=0", "--uid=0", "-x", "a\\", "a\rb", "a\tb",
+            "a>b", "*", "~root", "é", "a\u202eb", "a\u2028b", "a\x00b", "", "x" * 300, "ok-value_1.2"]
+
+
+def _command_line(script: str) -> str:
+    return script.rstrip("\n").splitlines()[-1]
+
+
+BENIGN = "zq7benign"  # a harmless value, to render the script each fuzzed one is compared with
+# field -> (the request fields for a value, benign value, how the value shows in the script: "directive" line
+# text or "argument" (one shell word of the command line)).
+FUZZ_FIELDS = {
+    "job_name": (lambda v: dict(job_name=v), BENIGN, "directive"),
+    "account": (lambda v: dict(account=v), BENIGN, "directive"),
+    "partition": (lambda v: dict(partition=v), BENIGN, "directive"),
+    "qos": (lambda v: dict(qos=v), BENIGN, "directive"),
+    "time": (lambda v: dict(time=v), "10", "directive"),
+    "output": (lambda v: dict(output=v), BENIGN, "directive"),
+    "chdir": (lambda v: dict(chdir=v), BENIGN, "directive"),
+    "nodes": (lambda v: dict(nodes=v), 1, "directive"),
+    "sbatch option": (lambda v: dict(extra_directives=(f"--constraint={v}",)), BENIGN, "directive"),
+    "--set": (lambda v: dict(overrides=(f"description={v}",)), BENIGN, "argument"),
+    "job argument": (lambda v: dict(extra_args=("--run-dir", v)), BENIGN, "argument"),
+    "config": (None, BENIGN, "argument"),
+}
+
+
+def _fuzz_request(field: str, value, directory: Path) -> JobRequest:
+    if field == "config":  # the value is the config file's name; the file names its run, so only quoting is tested
+        path = directory / f"{value}.yaml"
+        path.write_text("extends: hep-jets\nname: fuzzed\n")
+        return JobRequest(system="local", config=str(path))
+    return JobRequest(system="local", config="hep-jets", **FUZZ_FIELDS[field][0](value))
+
+
+def _only_quoted(field: str, value, script: str, baseline: str, benign) -> None:
+    """``script`` is ``baseline`` with ``value`` in place of ``benign``, and in nowhere else."""
+    lines, base = script.splitlines(), baseline.splitlines()
+    assert len(lines) == len(base), f"{field}={value!r} added lines:\n{script}"
+    changed = [i for i, (a, b) in enumerate(zip(lines, base)) if a != b]
+    if field == "config":  # the default job name follows the file's name, in the job-name characters
+        renamed = [i for i in changed if lines[i].startswith("#SBATCH --job-name=")]
+        assert all(re.fullmatch(r"#SBATCH --job-name=hpcdl-[A-Za-z0-9][A-Za-z0-9._+-]*", lines[i]) for i in renamed)
+        changed = [i for i in changed if i not in renamed]
+    assert len(changed) <= 1, f"{field}={value!r} changed several lines"
+    if FUZZ_FIELDS[field][2] == "directive":
+        assert all(not lines[i].startswith("#SBATCH") or re.fullmatch(r"#SBATCH --[\w-]+=[^\s'\"\\#]+", lines[i])
+                   for i in changed)
+        assert any(lines[i].endswith(f"={value}") for i in changed) or value == benign
+    else:
+        assert changed == [len(lines) - 1], f"{field}={value!r} changed a line other than the command"
+        words, base_words = shlex.split(lines[-1]), shlex.split(base[-1])
+        expected = [word.replace(str(benign), str(value)) if str(benign) in word and word != "hep-jets" else word
+                    for word in base_words]
+        assert words == expected, f"{field}={value!r}: the command's words changed: {words} != {expected}"
+
+
+def test_fuzz_every_script_value_is_refused_or_only_quoted(tmp_path):
+    """Shell metacharacters, newlines, quotes, spaces, #SBATCH lines and unicode in every field: each is a
+    one-line error naming the value, or a script that `bash -n` accepts holding the value only where it belongs."""
+    counts = {"cases": 0, "errors": 0, "rendered": 0}
+    scripts = []
+    for field, (_, benign, _) in FUZZ_FIELDS.items():
+        directory = tmp_path / field.replace(" ", "_").strip("-")
+        directory.mkdir()
+        baseline = render_job(_fuzz_request(field, benign, directory))
+        for value in PAYLOADS + [1.5, None, 0, -3]:
+            if field == "config" and (not isinstance(value, str) or not value or "\x00" in value
+                                      or len(value) > 200 or "/" in value):
+                continue  # not a possible file name
+            counts["cases"] += 1
+            try:
+                script = render_job(_fuzz_request(field, value, directory))
+            except (ValueError, FileNotFoundError) as err:
+                message = str(err)
+                named = repr(value)[1:-1] in message or str(value) in message or (
+                    field == "--set" and "config key 'description'" in message)  # a YAML comment: null
+                assert "\n" not in message and named, message
+                counts["errors"] += 1
+                continue
+            counts["rendered"] += 1
+            if value is not None:  # None leaves the field to its default
+                _only_quoted(field, value, script, baseline, benign)
+            scripts.append(directory / f"{len(scripts)}.sh")
+            scripts[-1].write_text(script)
+    assert counts["cases"] > 300 and counts["errors"] > 150 and counts["rendered"] > 50, counts
+    if shutil.which("bash"):
+        checked = subprocess.run(["bash", "-c", 'for f; do bash -n "$f" || echo "FAILED $f"; done', "_",
+                                  *map(str, scripts)], capture_output=True, text=True)
+        assert "FAILED" not in checked.stdout and checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_default_job_name_from_a_hostile_config_file_name(tmp_path):
+    path = tmp_path / "x\ntouch pwned; --uid=0 $(id).yaml"
+    path.write_text("extends: hep-jets\nname: fine\n")
+    with pytest.raises(ValueError, match=r"config '.*x\\ntouch pwned.*' holds a control character"):
+        render_job(JobRequest(system="local", config=str(path)))
+    path = path.rename(tmp_path / "a b;$(id)|c.yaml")
+    script = render_job(JobRequest(system="local", config=str(path)))
+    assert "--job-name=hpcdl-a-b-id-c" in directives(script)
+    assert shlex.split(_command_line(script))[-1] == str(path)
+
+
+def test_status_parsing_survives_separators_in_job_names():
+    from hpcdl.slurm.submit import _from_sacct_line, _from_scontrol_line, _from_squeue
+
+    job = _from_squeue("17|evil|COMPLETED|x|RUNNING|1:00|1:00:00|1|node1")
+    assert (job.job_id, job.name, job.state, job.detail) == ("17", "evil|COMPLETED|x", "RUNNING", "node1")
+    assert not job.finished
+    job = _from_sacct_line("18|a|COMPLETED|FAILED|00:01:00|01:00:00|1|1:0")
+    assert (job.name, job.state, job.succeeded) == ("a|COMPLETED", "FAILED", False)
+    job = _from_scontrol_line("JobId=19 JobName=x JobState=COMPLETED y UserId=root(0) GroupId=root(0) "
+                              "JobState=RUNNING Reason=None ExitCode=0:0 RunTime=00:00:05 TimeLimit=01:00:00 NumNodes=1")
+    assert (job.job_id, job.name, job.state, job.finished) == ("19", "x JobState=COMPLETED y", "RUNNING", False)
+    with pytest.raises(ValueError, match="fewer than 7"):
+        _from_squeue("17|name|RUNNING")

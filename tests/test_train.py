@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from hpcdl.train import load_config, run_training
-from hpcdl.train.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint
+from hpcdl.train.checkpoint import (CheckpointError, CheckpointWarning, latest_checkpoint, list_checkpoints,
+                                    load_checkpoint)
 
 SMALL = ["data.dataset=synthetic", "data.synthetic_samples=128", "model.scale=tiny", "train.batch=16",
          "train.steps_per_epoch=4", "train.epochs=2", "logging.progress=false", "compression.method=none"]
@@ -88,20 +89,44 @@ def _train_command(run_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "hpcdl", "train", "hep-particles", *sets, "--run-dir", str(run_dir)]
 
 
-def test_a_run_killed_in_epoch_two_resumes_to_the_uninterrupted_result(tmp_path):
-    killed = tmp_path / "killed"
-    process = subprocess.Popen(_train_command(killed, "distributed.backend=none"),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _kill_after_checkpoint(command: list[str], run_dir: Path, step: int, delay_s: float = 0.0) -> bool:
+    """Start ``command``; SIGKILL it ``delay_s`` after its checkpoint of ``step`` (or a later one) appears.
+
+    Returns True if it was killed, False if it finished first.
+    """
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    # Step 6 is the second step of epoch 2 (4 steps per epoch); the run has 8.
-    while not (killed / "checkpoints" / "ckpt-00000006.pt").exists():
-        assert process.poll() is None, process.stderr.read().decode()
+    while not any(int(p.stem.split("-")[1]) >= step for p in list_checkpoints(run_dir / "checkpoints")):
+        if process.poll() is not None:
+            assert process.returncode == 0, process.stderr.read().decode()
+            process.stderr.close()
+            return False
         assert time.monotonic() < deadline, "the training subprocess made no checkpoint in time"
-        time.sleep(0.01)
+        time.sleep(0.005)
+    time.sleep(delay_s)
     process.send_signal(signal.SIGKILL)
     process.wait()
     process.stderr.close()
-    assert process.returncode == -signal.SIGKILL and not (killed / "summary.json").exists()
+    return process.returncode == -signal.SIGKILL
+
+
+def _resume_to_the_end(run_dir: Path) -> None:
+    subprocess.run(_train_command(run_dir, "distributed.backend=none", "checkpoint.every_steps=1")[:-2]
+                   + ["--resume", str(run_dir)], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _assert_same_weights(run_dir: Path, reference: Path) -> None:
+    a, b = _final_parameters(run_dir), _final_parameters(reference)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7)
+
+
+def test_a_run_killed_in_epoch_two_resumes_to_the_uninterrupted_result(tmp_path):
+    killed = tmp_path / "killed"
+    # Step 6 is the second step of epoch 2 (4 steps per epoch); the run has 8.
+    assert _kill_after_checkpoint(_train_command(killed, "distributed.backend=none"), killed, 6)
+    assert not (killed / "summary.json").exists()
     resumed_from = load_checkpoint(latest_checkpoint(killed / "checkpoints"))["step"]
     assert 6 <= resumed_from < 8
 
@@ -111,9 +136,7 @@ def test_a_run_killed_in_epoch_two_resumes_to_the_uninterrupted_result(tmp_path)
     uninterrupted = tmp_path / "whole"
     subprocess.run(_train_command(uninterrupted, "distributed.backend=none"), check=True, stdout=subprocess.DEVNULL)
 
-    a, b = _final_parameters(killed), _final_parameters(uninterrupted)
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7)
+    _assert_same_weights(killed, uninterrupted)
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["resumed_from_step"] == resumed_from and summary["steps"] == 8
     steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
@@ -123,17 +146,38 @@ def test_a_run_killed_in_epoch_two_resumes_to_the_uninterrupted_result(tmp_path)
     assert [e["val_metric"] for e in summary["epochs"]] == pytest.approx([e["val_metric"] for e in whole["epochs"]])
 
 
+def _flip_a_byte(path: Path) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def test_a_corrupted_latest_checkpoint_resumes_from_the_one_before(tmp_path):
+    config = _config("checkpoint.every_steps=2")
+    whole = run_training(config, run_dir=tmp_path / "run")
+    latest = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    latest.write_bytes(latest.read_bytes()[:1000])  # truncated, as by a full disk
+    (latest.parent / ".ckpt-00000009.pt.123.tmp").write_bytes(b"left by a killed write")
+    with pytest.warns(CheckpointWarning, match=r"resuming from ckpt-00000006\.pt instead: checkpoint .*"
+                                               r"ckpt-00000008\.pt is corrupted or truncated"):
+        resumed = run_training(config, resume=tmp_path / "run")
+    assert resumed.resumed_from_step == 6 and resumed.steps == 8
+    assert not list(latest.parent.glob("*.tmp"))
+    assert resumed.epochs[-1]["val_metric"] == pytest.approx(whole.epochs[-1]["val_metric"])
+
+
 def test_corrupted_or_foreign_checkpoint_is_refused_and_left_alone(tmp_path):
     config = _config("checkpoint.every_steps=2")
     run_training(config, run_dir=tmp_path / "run")
-    latest = latest_checkpoint(tmp_path / "run" / "checkpoints")
-    blob = bytearray(latest.read_bytes())
-    blob[len(blob) // 2] ^= 0xFF
-    latest.write_bytes(bytes(blob))
+    for path in list_checkpoints(tmp_path / "run" / "checkpoints"):
+        _flip_a_byte(path)
     before = {p.name: p.read_bytes() for p in list_checkpoints(tmp_path / "run" / "checkpoints")}
-    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+    with pytest.raises(CheckpointError, match="no checkpoint in .* loads .*corrupted or truncated"):
         run_training(config, resume=tmp_path / "run")
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):  # a file named is that file, no fallback
+        run_training(config, resume=latest_checkpoint(tmp_path / "run" / "checkpoints"))
     assert {p.name: p.read_bytes() for p in list_checkpoints(tmp_path / "run" / "checkpoints")} == before
+    run_training(config, run_dir=tmp_path / "run")
 
     earlier = list_checkpoints(tmp_path / "run" / "checkpoints")[0]
     with pytest.raises(CheckpointError, match="global_batch: checkpoint has 16, this run has 32"):
@@ -158,3 +202,69 @@ def test_batch_auto_uses_the_measured_search(tmp_path):
     assert search["probes"][str(chosen + 1)] > budget or str(chosen + 1) not in search["probes"]
     assert any(int(b) > chosen and peak > budget for b, peak in search["probes"].items()), \
         "the search must have measured a larger batch that does not fit"
+
+
+def test_resume_restores_the_numpy_python_and_torch_random_generators(tmp_path):
+    import random
+
+    import numpy as np
+
+    np.random.seed(7), random.seed(7)
+    run_training(_config("train.epochs=1"), run_dir=tmp_path / "run")
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["rng"]
+    np.random.seed(99), random.seed(99), torch.manual_seed(99)
+    # Resuming the finished run trains nothing and saves again: what it saves is what it restored.
+    run_training(_config("train.epochs=1"), resume=tmp_path / "run")
+    restored = load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["rng"]
+    assert torch.equal(restored["torch"], saved["torch"])
+    assert torch.equal(restored["numpy"][1], saved["numpy"][1]) and restored["numpy"][2] == saved["numpy"][2]
+    assert restored["python"] == saved["python"]
+    assert not torch.equal(saved["numpy"][1], torch.from_numpy(np.random.RandomState(99).get_state()[1].astype(np.int64)))
+
+
+def test_out_dir_that_is_a_file_and_hostile_run_names_are_clear_errors(tmp_path, capsys):
+    from hpcdl.cli import main
+    from hpcdl.train.runlog import new_run_dir
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=r"'.*afile' is a file, not a directory; choose another logging\.out_dir"):
+        run_training(_config(f"logging.out_dir={tmp_path / 'afile'}"))
+    assert main(["train", "hep-particles", "--set", "name=../../x", "--set", f"logging.out_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.startswith("hpcdl train: error: config key 'name' must be a run name")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "run-19700101-000000").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="would lie outside logging.out_dir"):
+        new_run_dir(tmp_path / "out", "run", 0)
+    assert new_run_dir(tmp_path / "out", "run", 1).parent == tmp_path / "out"
+
+
+@pytest.mark.slow
+def test_kill_campaign_random_sigkills_then_resume_reach_the_uninterrupted_weights(tmp_path):
+    """SIGKILL training subprocesses (checkpoints every step) at random points, resume each to the end, compare.
+
+    Bounded: one reference run and three seeds (one kill and one resume each), about 30 s on a loaded CPU.
+    """
+    import random
+
+    extra = ("distributed.backend=none", "checkpoint.every_steps=1")
+    reference = tmp_path / "whole"
+    subprocess.run(_train_command(reference, *extra), check=True, stdout=subprocess.DEVNULL)
+    outcomes = {"kills tried": 0, "killed mid-run": 0, "finished before the kill": 0, "temporary files left": 0,
+                "resumed to the reference weights": 0}
+    for seed in range(3):
+        rng = random.Random(seed)
+        run_dir = tmp_path / f"killed-{seed}"
+        step, delay = rng.randint(1, 7), rng.uniform(0.0, 0.2)  # of the run's 8 steps
+        outcomes["kills tried"] += 1
+        if not _kill_after_checkpoint(_train_command(run_dir, *extra), run_dir, step, delay):
+            outcomes["finished before the kill"] += 1
+            continue
+        outcomes["killed mid-run"] += 1
+        outcomes["temporary files left"] += len(list((run_dir / "checkpoints").glob(".*.tmp")))
+        _resume_to_the_end(run_dir)
+        assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+        _assert_same_weights(run_dir, reference)
+        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 8
+        outcomes["resumed to the reference weights"] += 1
+    assert outcomes["kills tried"] == 3 and outcomes["killed mid-run"] >= 1, outcomes
+    assert outcomes["resumed to the reference weights"] == outcomes["killed mid-run"], outcomes

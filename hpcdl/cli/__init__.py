@@ -31,16 +31,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors of what the user gave (a config, a value, a path): one line and exit code 2, like argparse's own.
+# OverflowError is here because Python raises it for numbers too large to use (a value like 1e400).
+USAGE_ERRORS = (ValueError, TypeError, OverflowError, OSError)
+# Errors of a run that started correctly (the loss became NaN): one line and exit code 1.
+RUN_ERRORS = (ArithmeticError,)
+
+
+def error_line(command: str, err: BaseException) -> str:
+    """``hpcdl <command>: error: <message>`` on one line, whatever the exception's message holds."""
+    message = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, OSError) and err.filename is not None and str(err.filename) not in message:
+        message += f": {err.filename}"
+    return f"hpcdl {command}: error: {message}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except USAGE_ERRORS + RUN_ERRORS as err:
         if getattr(args, "debug", False):
             raise
-        print(f"hpcdl {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        print(error_line(args.command, err), file=sys.stderr)
+        return 2 if isinstance(err, USAGE_ERRORS) else 1
 
 
 if __name__ == "__main__":

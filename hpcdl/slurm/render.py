@@ -12,6 +12,7 @@ import io
 import re
 import shlex
 import sys
+import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,8 +20,27 @@ from hpcdl.slurm.systems import SlurmSystem, get_system
 
 PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 # [days-]hours:minutes:seconds, hours:minutes:seconds, minutes:seconds or minutes, as sbatch --time takes them.
-TIME_FORMAT = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
-DIRECTIVE_VALUE = re.compile(r"^[^\s'\"\\`$;]+$")
+TIME_FORMAT = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}", re.ASCII)
+# NOTE [ values in a job script ]
+# Every value that reaches the script is either checked against a character set for its field (the #SBATCH
+# values, which sbatch splits on spaces and quotes) or shell-quoted as one argument (the command's argv); no
+# value may hold a control character, so none can start a line of its own. --setup lines are shell code the
+# user writes on purpose: they go in verbatim, one line each.
+_NAME_CHARS = "letters, digits, '.', '_', '+' and '-', starting with a letter or digit"
+_NAME_LIST = (re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(,[A-Za-z0-9][A-Za-z0-9._-]*)*", re.ASCII),
+              "names of letters, digits, '.', '_' and '-', separated by ','")
+FIELD_FORMATS: dict[str, tuple[re.Pattern, str]] = {
+    "job_name": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}", re.ASCII), "1 to 200 " + _NAME_CHARS),
+    "account": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", re.ASCII),
+                "letters, digits, '.', '_' and '-', starting with a letter or digit"),
+    "qos": _NAME_LIST,
+    "partition": _NAME_LIST,
+    "output": (re.compile(r"[A-Za-z0-9._%/+@=,-]+", re.ASCII),
+               "a file name pattern of letters, digits and '._%/+@=,-' (e.g. logs/%x-%j.out)"),
+    "chdir": (re.compile(r"[A-Za-z0-9._/+@=,-]+", re.ASCII), "a directory of letters, digits and '._/+@=,-'"),
+}
+# --sbatch-option: one long option, its value free of spaces, quotes, backslashes and '#'.
+EXTRA_DIRECTIVE = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(=[!$%&(-\[\]-~]+)?", re.ASCII)
 ARRAY_TASK_ID = "$SLURM_ARRAY_TASK_ID"
 REQUIRED_FIELD_HELP = {
     "account": "--account (the allocation/project to charge, as the site's `sacctmgr`/`accounts`/`iris` lists it)",
@@ -95,8 +115,31 @@ def fill_template(text: str, values: dict[str, str]) -> str:
 
 
 def _with_defaults(request: JobRequest, system: SlurmSystem) -> JobRequest:
+    """The system's defaults, then the job name and output pattern, for fields not given."""
     filled = {name: value for name, value in system.defaults.items() if getattr(request, name) is None}
+    if request.job_name is None:
+        # The config file's name may hold anything; keep the characters a job name allows.
+        stem = re.sub(r"[^A-Za-z0-9._+-]+", "-", Path(request.config).stem).strip("-._+")[:150] or "job"
+        filled["job_name"] = f"hpcdl-study-{stem}" if request.array else f"hpcdl-{stem}"
+    if request.output is None:
+        filled["output"] = "%x-%A_%a.out" if request.array else "%x-%j.out"
     return replace(request, **filled)
+
+
+def _has_control_characters(text: str) -> bool:
+    """Newlines, tabs, escapes, NUL, bidirectional overrides (Unicode category C), or U+2028/U+2029 (Zl, Zp),
+    which editors and Python's splitlines read as line breaks."""
+    return any(unicodedata.category(char)[0] == "C" or unicodedata.category(char) in ("Zl", "Zp") for char in text)
+
+
+def check_argument(what: str, value: str) -> str:
+    """``value`` if it can be one shell-quoted argument on the job's command line (a single line)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} {value!r} must be a string, not {type(value).__name__}")
+    if _has_control_characters(value):
+        raise ValueError(f"{what} {value!r} holds a control character (a newline, tab, escape, line "
+                         "separator or similar); job arguments must be printable text on one line")
+    return value
 
 
 def _check_request(request: JobRequest, system: SlurmSystem) -> None:
@@ -105,22 +148,30 @@ def _check_request(request: JobRequest, system: SlurmSystem) -> None:
             raise ValueError(f"system {system.name!r} needs {REQUIRED_FIELD_HELP.get(name, '--' + name)}")
     for name in ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "array"):
         value = getattr(request, name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if (value is not None or name == "nodes") and (not isinstance(value, int) or isinstance(value, bool)
+                                                        or value < 1):
             raise ValueError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
-    if not TIME_FORMAT.match(request.time or ""):
+    if not (isinstance(request.time, str) and TIME_FORMAT.fullmatch(request.time)):
         raise ValueError(
             f"--time {request.time!r} is not a Slurm time limit; use HH:MM:SS, D-HH:MM:SS or minutes (e.g. 02:00:00)"
         )
-    for name in ("account", "qos", "partition", "job_name", "output", "chdir"):
+    for name, (pattern, allowed) in FIELD_FORMATS.items():
         value = getattr(request, name)
-        if value is not None and not DIRECTIVE_VALUE.match(value):
-            raise ValueError(f"--{name.replace('_', '-')} {value!r} must be one word without quotes, spaces or '$;\\`'")
+        if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
+            raise ValueError(f"--{name.replace('_', '-')} {value!r} is not allowed in a job script; use {allowed}")
     for directive in request.extra_directives:
-        if not directive.startswith("--") or "\n" in directive:
-            raise ValueError(f"extra sbatch directive {directive!r} must be one option like --mail-type=END")
+        if not (isinstance(directive, str) and EXTRA_DIRECTIVE.fullmatch(directive)):
+            raise ValueError(f"extra sbatch directive {directive!r} must be one option like --mail-type=END: "
+                             "--NAME or --NAME=VALUE, the value without spaces, quotes, backslashes or '#'")
     for line in request.setup:
-        if "\n" in line:
-            raise ValueError(f"--setup takes one shell line per use, got {line!r}")
+        if not isinstance(line, str) or _has_control_characters(line):
+            raise ValueError(f"--setup takes one shell line per use, got {line!r} (it holds a newline or another "
+                             "control character)")
+    for text in request.overrides:
+        check_argument("--set", text)
+    for arg in request.extra_args:
+        check_argument("job argument", arg)
+    check_argument("config", request.config)
 
 
 def _config_argument(config: str) -> str:
@@ -163,12 +214,10 @@ def _check_command_parses(argv: list[str]) -> None:
 
 
 def _directives(request: JobRequest) -> list[str]:
-    stem = Path(request.config).stem
-    job_name = request.job_name or (f"hpcdl-study-{stem}" if request.array else f"hpcdl-{stem}")
-    output = request.output or ("%x-%A_%a.out" if request.array else "%x-%j.out")
-    lines = [f"--job-name={job_name}"]
+    """The #SBATCH lines of a request that :func:`_check_request` passed (defaults filled in)."""
+    lines = [f"--job-name={request.job_name}"]
     lines += [f"--{name}={getattr(request, name)}" for name in ("account", "qos", "partition") if getattr(request, name)]
-    lines += [f"--nodes={request.nodes}", f"--time={request.time}", f"--output={output}"]
+    lines += [f"--nodes={request.nodes}", f"--time={request.time}", f"--output={request.output}"]
     if request.chdir:
         lines.append(f"--chdir={request.chdir}")
     if request.array:

@@ -6,6 +6,7 @@ Finished jobs leave ``squeue``; ``sacct`` then knows them where accounting is en
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -34,11 +35,16 @@ class JobInfo:
 
     @property
     def finished(self) -> bool:
-        return self.state.split()[0] in FINAL_STATES
+        return self._state_code in FINAL_STATES
 
     @property
     def succeeded(self) -> bool:
-        return self.state.split()[0] == "COMPLETED"
+        return self._state_code == "COMPLETED"
+
+    @property
+    def _state_code(self) -> str:
+        """The state without sacct's detail ("CANCELLED by 1000" -> "CANCELLED")."""
+        return (self.state.split() or [""])[0]
 
 
 def _slurm_command(name: str) -> str:
@@ -100,9 +106,50 @@ def wait_for_job(job_id: str, timeout: float = 600, poll: float = 1.0) -> list[J
     raise TimeoutError(f"Slurm job {job_id} did not finish within {timeout:.0f} s (last seen: {jobs})")
 
 
+def _split_around_name(line: str, fields_after: int) -> tuple[str, str, list[str]]:
+    """(job id, name, the fields after the name) of a '|'-separated line whose second field is the job name.
+
+    A job name may itself hold '|' (any user can submit one), so the name is whatever lies between the
+    first field and the last ``fields_after`` ones, none of which can hold '|'.
+    """
+    parts = line.split("|")
+    if len(parts) < fields_after + 2:
+        raise ValueError(f"Slurm printed {line!r}, which has fewer than {fields_after + 2} '|'-separated fields")
+    return parts[0], "|".join(parts[1:-fields_after]), parts[-fields_after:]
+
+
 def _from_squeue(line: str) -> JobInfo:
-    job_id, name, state, elapsed, limit, nodes, detail = line.split("|", 6)
+    job_id, name, (state, elapsed, limit, nodes, detail) = _split_around_name(line, 5)
     return JobInfo(job_id, name, state, elapsed, limit, nodes, detail)
+
+
+def _from_sacct_line(line: str) -> JobInfo:
+    job_id, name, (state, elapsed, limit, nodes, exit_code) = _split_around_name(line, 5)
+    return JobInfo(job_id, name, state, elapsed, limit, nodes, f"exit {exit_code}")
+
+
+def _from_scontrol_line(line: str) -> JobInfo | None:
+    """One ``scontrol --oneliner show job`` line, or None if it describes no job.
+
+    ``JobName=`` may hold spaces and text like ``JobState=COMPLETED``; Slurm prints it right before
+    ``UserId=``, so the name is cut out first and the other fields are read from the rest.
+    """
+    match = re.match(r"(?P<head>.*?)\bJobName=(?P<name>.*?) (?P<tail>UserId=.*)$", line)
+    if match is None:
+        head, name, tail = line, "", ""
+    else:
+        head, name, tail = match["head"], match["name"], match["tail"]
+    fields: dict[str, str] = {}
+    for item in f"{head} {tail}".split():
+        key, equals, value = item.partition("=")
+        if equals:
+            fields.setdefault(key, value)  # the first is Slurm's own; a later one could come from a comment
+    if "JobId" not in fields:
+        return None
+    task = fields.get("ArrayTaskId")
+    job_id = f"{fields.get('ArrayJobId')}_{task}" if task and task != "N/A" else fields["JobId"]
+    return JobInfo(job_id, name, fields.get("JobState", "UNKNOWN"), fields.get("RunTime", ""),
+                   fields.get("TimeLimit", ""), fields.get("NumNodes", ""), f"exit {fields.get('ExitCode', '?')}")
 
 
 def _from_sacct(job_id: str) -> list[JobInfo]:
@@ -112,30 +159,14 @@ def _from_sacct(job_id: str) -> list[JobInfo]:
     result = _run([sacct, "--noheader", "--parsable2", "--allocations", f"--jobs={job_id}", f"--format={SACCT_FIELDS}"])
     if result.returncode != 0:  # e.g. "Slurm accounting storage is disabled"
         return []
-    jobs = []
-    for line in result.stdout.splitlines():
-        if line.strip():
-            jid, name, state, elapsed, limit, nodes, exit_code = line.split("|")
-            jobs.append(JobInfo(jid, name, state, elapsed, limit, nodes, f"exit {exit_code}"))
-    return jobs
+    return [_from_sacct_line(line) for line in result.stdout.splitlines() if line.strip()]
 
 
 def _from_scontrol(job_id: str) -> list[JobInfo]:
     result = _run([_slurm_command("scontrol"), "--oneliner", "show", "job", job_id])
     if result.returncode != 0:
         raise ValueError(f"Slurm knows no job {job_id}: {result.stderr.strip() or result.stdout.strip()}")
-    jobs = []
-    for line in result.stdout.splitlines():
-        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
-        if "JobId" not in fields:
-            continue
-        task = fields.get("ArrayTaskId")
-        jid = f"{fields.get('ArrayJobId')}_{task}" if task and task != "N/A" else fields["JobId"]
-        jobs.append(JobInfo(
-            jid, fields.get("JobName", ""), fields.get("JobState", "UNKNOWN"), fields.get("RunTime", ""),
-            fields.get("TimeLimit", ""), fields.get("NumNodes", ""), f"exit {fields.get('ExitCode', '?')}",
-        ))
-    return jobs
+    return [job for line in result.stdout.splitlines() if (job := _from_scontrol_line(line)) is not None]
 
 
 def format_jobs(jobs: list[JobInfo]) -> str:

@@ -4,8 +4,10 @@ A checkpoint file is ``MAGIC | sha256 of the payload | payload`` where the
 payload is a ``torch.save`` of a dict of plain tensors, numbers and strings
 (loaded with ``weights_only=True``, so loading runs no pickled code). It is
 written to a temporary file in the same directory, flushed to disk and renamed
-into place, so a job killed mid-write leaves the previous checkpoint intact;
-older checkpoints are pruned only after the new one is in place.
+into place, so a job killed mid-write leaves the previous checkpoint intact (its
+temporary file is removed by the next start or save); older checkpoints are
+pruned only after the new one is in place. Resuming from a run directory takes
+the newest checkpoint that loads: a corrupted newer one is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import io
 import os
 import random
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +25,15 @@ import torch
 
 MAGIC = b"HPCDLCKPT1\n"
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
+_TEMPORARY = re.compile(r"^\.ckpt-\d{8}\.pt\.\d+\.tmp$")  # what a write killed before its rename leaves
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is corrupted, truncated, not ours, or made for a different run."""
+
+
+class CheckpointWarning(UserWarning):
+    """A bad checkpoint was skipped in favour of an earlier good one."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -54,12 +62,27 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def remove_stale_temporaries(directory: str | Path) -> list[Path]:
+    """Delete the ``.ckpt-*.tmp`` files a killed write left in ``directory``; returns what was removed.
+
+    Only one process writes a run's checkpoints, so any such file when it starts or saves is a leftover.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [path for path in directory.iterdir() if _TEMPORARY.match(path.name)]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def save_checkpoint(directory: str | Path, step: int, state: dict, keep: int) -> Path:
     """Write ``state`` as the checkpoint of ``step`` atomically, then keep only the newest ``keep``."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1 checkpoints, got {keep}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(directory)
     buffer = io.BytesIO()
     torch.save({"step": step, **state}, buffer)
     payload = buffer.getvalue()
@@ -96,6 +119,29 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(state, dict) or "step" not in state:
         raise CheckpointError(f"checkpoint {path} has no training state{advice}")
     return state
+
+
+def load_latest_good(directory: str | Path) -> tuple[Path, dict]:
+    """The newest checkpoint in ``directory`` that loads, and its state.
+
+    A corrupted or truncated newer one is skipped with a :class:`CheckpointWarning` naming it (and left
+    in place); CheckpointError if none loads, FileNotFoundError if there is none.
+    """
+    checkpoints = list_checkpoints(directory)
+    if not checkpoints:
+        raise FileNotFoundError(f"no checkpoint in {str(directory)!r} to resume from")
+    problems = []
+    for path in reversed(checkpoints):
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as err:
+            problems.append(str(err).split("; it was not restored")[0])
+            continue
+        for problem in problems:
+            warnings.warn(f"skipped a bad checkpoint, resuming from {path.name} instead: {problem}",
+                          CheckpointWarning, stacklevel=2)
+        return path, state
+    raise CheckpointError(f"no checkpoint in {str(directory)!r} loads ({'; '.join(problems)}); start a fresh run")
 
 
 def check_compatible(state: dict, expected: dict, path: str | Path) -> None:

@@ -25,6 +25,14 @@ from typing import Any, Callable
 import yaml
 
 _MISSING = object()
+MAX_BYTES = 2**63
+# Integer keys end up in C longs (torch seeds, tensor sizes, loops); larger ones are typos, not settings.
+MAX_INT = 2**63 - 1
+# A run name becomes one path component of the run directory (``<out_dir>/<name>-<timestamp>``) and a glob
+# pattern for --resume: letters, digits, '.', '_', '+', '-', starting with a letter or digit, at most 100.
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+RUN_NAME_HELP = ("1 to 100 letters, digits, '.', '_', '+' or '-', starting with a letter or digit "
+                 "(it names the run directory)")
 
 
 @dataclass(frozen=True)
@@ -53,14 +61,21 @@ def _parse_bytes(text: str) -> int:
     number, unit = float(match.group(1)), (match.group(2) or "B")
     scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
-    return int(number * scale)
+    return _finite_bytes(number * scale, text)
+
+
+def _finite_bytes(number: float, given: Any) -> int:
+    """``number`` as whole bytes; inf/NaN/beyond 2**63 (``1e400``) is a ValueError, not an OverflowError."""
+    if not math.isfinite(number) or abs(number) >= MAX_BYTES:
+        raise ValueError(f"a memory size must be a finite number of bytes below 2**63, got {given!r}")
+    return int(number)
 
 
 def parse_bytes(value: int | float | str) -> int:
     """A memory size given as a number of bytes or a string with a unit (``"4GiB"``) -> bytes (> 0)."""
     if isinstance(value, bool):
         raise TypeError(f"a memory size is a number of bytes or a string like '4GiB', got {value!r}")
-    size = _parse_bytes(value) if isinstance(value, str) else int(value)
+    size = _parse_bytes(value) if isinstance(value, str) else _finite_bytes(value, value)
     if size <= 0:
         raise ValueError(f"a memory size must be > 0 bytes, got {value!r}")
     return size
@@ -91,7 +106,7 @@ SCHEMA: dict[str, Any] = {
                             "fits memory_budget (or the GPU's memory) times the number of ranks"),
         "steps_per_epoch": Field("int", None, minimum=1, nullable=True, help="cap on optimizer steps per epoch"),
         "val_steps": Field("int", None, minimum=1, nullable=True, help="cap on validation batches per epoch"),
-        "seed": Field("int", 0, minimum=0),
+        "seed": Field("int", 0, minimum=0, maximum=2**32 - 1),
         "memory_budget": Field("bytes", None, nullable=True, help="bytes or e.g. '4GiB'; for batch: auto"),
     },
     "optimizer": {
@@ -202,6 +217,8 @@ def _check_value(path: str, field: Field, value: Any) -> Any:
     if field.choices and value not in field.choices:
         raise ConfigError(f"config key {path!r} must be one of {list(field.choices)}, got {value!r}"
                           + (_suggest(value, list(field.choices), what="valid values") if isinstance(value, str) else ""))
+    if field.kind == "int" and field.maximum is None and abs(value) > MAX_INT:
+        raise ConfigError(f"config key {path!r} must be an integer of at most {MAX_INT}, got {value!r}")
     if field.minimum is not None and value < field.minimum:
         raise ConfigError(f"config key {path!r} must be >= {field.minimum}, got {value!r}")
     if field.maximum is not None and value > field.maximum:
@@ -227,6 +244,18 @@ def _validate_section(raw: dict, schema: dict, path: str) -> dict:
         else:
             resolved[key] = copy.deepcopy(spec.default)
     return resolved
+
+
+def check_run_name(name: str) -> str:
+    """``name`` if it can name a run directory (one path component, see :data:`RUN_NAME`); else ConfigError.
+
+    Checked where the name becomes a path (a run without --run-dir, --resume of the newest run), not by the
+    schema: with an explicit run directory the name is only a title (the study's "hep-cnn sz:rel=0.01 seed=0").
+    """
+    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
+        raise ConfigError(f"config key 'name' must be a run name of {RUN_NAME_HELP}, got {name!r} (it defaults to "
+                          "the config file's name; set `name:` in the config, --set name=NAME, or give --run-dir)")
+    return name
 
 
 def _check_cross_fields(config: dict) -> None:
@@ -291,11 +320,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"an override needs a key before '=', got {text!r}")
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML ({err})") from None
-    return key, parsed
+    return key, (parse_yaml(value, f"override {text!r}: the value") if value.strip() else None)
 
 
 def configs_dir() -> Path:
@@ -310,11 +335,33 @@ def shipped_configs() -> dict[str, str]:
     return listing
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line from PyYAML's multi-line message: what is wrong and where."""
+    problem = getattr(err, "problem", None) or str(err)
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if "constructor for the tag" in problem:
+        problem += " (configs are plain YAML: no !!python/... or custom tags)"
+    return " ".join(f"{problem}{where}".split())
+
+
+def parse_yaml(text: str, what: str) -> Any:
+    """``yaml.safe_load(text)``; anything PyYAML cannot read or build is a one-line ConfigError about ``what``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} is not valid YAML: {_yaml_problem(err)}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as err:
+        # Values YAML resolves but Python cannot build: a date like 2024-13-45, `!!int x`, deep nesting.
+        raise ConfigError(f"{what} holds a value YAML cannot build: {' '.join(str(err).split())}") from None
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    data = parse_yaml(text, str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -337,6 +384,14 @@ def config_path(name_or_path: str | Path) -> Path:
                             + _suggest(str(name_or_path), names, what="shipped configs"))
 
 
+def _extends(raw: dict, where: str) -> str | None:
+    """The config ``raw`` starts from (``extends: <name or path>``), or None."""
+    parent = raw.get("extends")
+    if parent is not None and (not isinstance(parent, str) or not parent.strip()):
+        raise ConfigError(f"config key 'extends' in {where} must be a config name or path, got {parent!r}")
+    return parent
+
+
 def _merge(base: dict, override: dict) -> dict:
     merged = copy.deepcopy(base)
     for key, value in override.items():
@@ -352,10 +407,8 @@ def _load_raw(name_or_path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
     if path in seen:
         raise ConfigError(f"config 'extends' chain loops: {' -> '.join(str(p) for p in seen + (path,))}")
     raw = _read_yaml(path)
-    parent = raw.get("extends")
+    parent = _extends(raw, str(path))
     if parent:
-        if not isinstance(parent, str):
-            raise ConfigError(f"config key 'extends' in {path} must be a config name or path, got {parent!r}")
         parent_path = Path(parent)
         if not parent_path.is_absolute() and (path.parent / parent).exists():
             parent = str(path.parent / parent)
@@ -370,16 +423,18 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
     """
     if isinstance(source, dict):
         raw = copy.deepcopy(source)
-        if raw.get("extends"):
-            raw = _merge(_load_raw(raw["extends"]), {k: v for k, v in raw.items() if k != "extends"})
-        if not raw.get("name") and isinstance(raw.get("model"), dict):
-            raw["name"] = raw["model"].get("name")  # names the run directory
+        parent = _extends(raw, "the config")
+        if parent:
+            raw = _merge(_load_raw(parent), {k: v for k, v in raw.items() if k != "extends"})
+        default_name = raw["model"].get("name") if isinstance(raw.get("model"), dict) else None
     else:
         raw = _load_raw(source)
-        raw.setdefault("name", config_path(source).stem)
+        default_name = config_path(source).stem
     for text in overrides:
         key, value = parse_override(text)
         _set_path(raw, key, value)
+    if raw.get("name") is None:
+        raw["name"] = default_name  # names the run directory
     raw.pop("extends", None)
     return validate(raw)
 

@@ -9,22 +9,46 @@ Non-root ranks get a :class:`RunLog` that writes nothing.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
+import re
 import time
 from pathlib import Path
 
-from hpcdl.train.config import dump_config
+from hpcdl.train.config import check_run_name, dump_config
 
 
 def run_dir_name(name: str, timestamp: float) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(timestamp))}"
 
 
+def new_run_dir(out_dir: str | Path, name: str, timestamp: float) -> Path:
+    """``<out_dir>/<name>-<timestamp>``, checked to lie directly inside ``out_dir`` whatever ``name`` holds."""
+    out_dir = Path(out_dir)
+    run_dir = out_dir / run_dir_name(check_run_name(name), timestamp)
+    if run_dir.resolve().parent != out_dir.resolve():
+        raise ValueError(f"run directory {str(run_dir)!r} would lie outside logging.out_dir {str(out_dir)!r}")
+    return run_dir
+
+
+def make_dir(directory: Path, what: str) -> None:
+    """Create ``directory`` (and its parents); a file in the way is a ValueError naming it, not an OSError."""
+    blocker = next((p for p in (directory, *directory.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(f"cannot create the {what} {str(directory)!r}: {str(blocker)!r} is a file, not a "
+                         "directory; choose another logging.out_dir or --run-dir")
+    directory.mkdir(parents=True, exist_ok=True)
+
+
 def latest_run_dir(out_dir: str | Path, name: str) -> Path:
     """The newest ``<out_dir>/<name>-<timestamp>`` directory, for ``--resume`` without a path."""
-    candidates = sorted(p for p in Path(out_dir).glob(f"{name}-*") if (p / "checkpoints").is_dir())
+    check_run_name(name)
+    # Exactly <name>-<stamp>: the run "hep-jets" must not pick up a newer "hep-jets-gpu" run.
+    stamped = re.compile(re.escape(name) + r"-\d{8}-\d{6}")
+    candidates = sorted(p for p in Path(out_dir).glob(f"{glob.escape(name)}-*")
+                        if stamped.fullmatch(p.name) and (p / "checkpoints").is_dir())
     if not candidates:
         raise FileNotFoundError(f"no run of {name!r} with checkpoints under {str(out_dir)!r} to resume; "
                                 "pass the run directory or a checkpoint file to --resume")
@@ -42,7 +66,7 @@ class RunLog:
             raise ValueError("logging.tensorboard is true but the tensorboard package is not installed; "
                              "`pip install tensorboard`, or set logging.tensorboard=false")
         if writes:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            make_dir(run_dir, "run directory")
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 

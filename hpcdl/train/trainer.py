@@ -34,11 +34,11 @@ import torch.utils.checkpoint
 from torch.utils.data import DataLoader, Subset
 
 from hpcdl.train import checkpoint as ckpt
-from hpcdl.train.config import codec_config, load_config
+from hpcdl.train.config import check_run_name, codec_config, load_config
 from hpcdl.train.evaluate import ValidationSums
 from hpcdl.train.optim import build_optimizer, build_scheduler
 from hpcdl.train.peak import PeakMemory
-from hpcdl.train.runlog import RunLog, latest_run_dir, run_dir_name
+from hpcdl.train.runlog import RunLog, latest_run_dir, new_run_dir
 
 
 @dataclass
@@ -175,18 +175,20 @@ def _auto_batch(config: dict, model_options: dict, backend):
     return measured_batch_search(config, model_options, budget, str(backend.device))
 
 
-def _resume_source(resume, config: dict) -> tuple[Path, Path]:
-    """(run directory, checkpoint file) to resume from: a checkpoint file, a run directory, or the newest run."""
+def _resume_source(resume, config: dict) -> tuple[Path, Path, dict]:
+    """(run directory, checkpoint file, its state) to resume from.
+
+    ``resume`` names a checkpoint file (exactly that one is loaded), a run directory, or (True) the newest run;
+    from a directory, the newest checkpoint that loads (see :func:`checkpoint.load_latest_good`).
+    """
     if resume is True:
         run_dir = latest_run_dir(config["logging"]["out_dir"], config["name"])
     else:
         run_dir = Path(resume)
     if run_dir.is_file():
-        return run_dir.parent.parent, run_dir
-    latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
-    if latest is None:
-        raise FileNotFoundError(f"no checkpoint in {str(run_dir / 'checkpoints')!r} to resume from")
-    return run_dir, latest
+        return run_dir.parent.parent, run_dir, ckpt.load_checkpoint(run_dir)
+    path, state = ckpt.load_latest_good(run_dir / "checkpoints")
+    return run_dir, path, state
 
 
 def _identity(config: dict, global_batch: int) -> dict:
@@ -251,8 +253,10 @@ class _Run:
         self.epoch_losses: list[float] = []  # this rank's step losses in the current epoch
 
         if resume:
-            self.run_dir, checkpoint_path = _resume_source(resume, config)
-            self._restore(checkpoint_path)
+            self.run_dir, checkpoint_path, state = _resume_source(resume, config)
+            if self.backend.is_root:
+                ckpt.remove_stale_temporaries(self.run_dir / "checkpoints")
+            self._restore(checkpoint_path, state)
         else:
             self.run_dir = Path(run_dir) if run_dir else self._new_run_dir()
             self.backend.broadcast_state(self.model, self.optimizer)
@@ -262,7 +266,7 @@ class _Run:
         # Rank 0's clock names the directory; the mean of (t, 0, 0, ...) times size carries it to every rank.
         now = time.time() if self.backend.is_root else 0.0
         stamp = round(self.backend.allreduce_mean({"t": now})["t"] * self.backend.size)
-        return Path(self.config["logging"]["out_dir"]) / run_dir_name(self.config["name"], stamp)
+        return new_run_dir(self.config["logging"]["out_dir"], self.config["name"], stamp)
 
     def _state(self) -> dict:
         policy_state = {}
@@ -281,10 +285,11 @@ class _Run:
             "compression": policy_state,
         }
 
-    def _restore(self, path: Path) -> None:
+    def _restore(self, path: Path, state: dict) -> None:
+        """Continue from ``state``, the checkpoint loaded from ``path``: weights, optimizer, schedule, data
+        position, every random generator (torch, NumPy, Python) and the compression policy."""
         from hpcdl.runtime.policy import GradStat
 
-        state = ckpt.load_checkpoint(path)
         ckpt.check_compatible(state, _identity(self.config, self.global_batch), path)
         try:
             self.model.load_state_dict(state["model"])
@@ -454,6 +459,8 @@ def run_training(config: dict | str, run_dir: str | Path | None = None, progress
     checkpoint to the same result the uninterrupted run would have reached.
     """
     config = load_config(config, overrides)  # validates a dict too; a resolved config resolves to itself
+    if run_dir is None and resume in (False, True):
+        check_run_name(config["name"])  # it will name the run directory: say so before any work
     run = _Run(config, run_dir, progress, resume)
     try:
         result = run.run()
