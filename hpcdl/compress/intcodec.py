@@ -14,24 +14,23 @@ from __future__ import annotations
 import torch
 
 from hpcdl.compress.base import Codec, Packed
+from hpcdl.compress.checksum import payload_checksum, verified_payload
 from hpcdl.compress.errors import CodecError
+from hpcdl.compress.header import read_header, write_header
 from hpcdl.compress.registry import register_codec
 from hpcdl.compress.sz import backend_module
 from hpcdl.compress.sz.stream import (
     BLOCK,
     Layout,
-    aligned_payload,
     check_payload_length,
     raw_payload,
     raw_payload_size,
-    read_stream_header,
     validate_block_headers,
     word_offsets,
-    write_stream_header,
 )
 
 INT_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
-FIELDS = "BBQQ"  # flags, block size, words, payload checksum
+FIELDS = "BBQ"  # flags, block size, words
 FLAG_RAW = 1
 
 
@@ -90,25 +89,24 @@ class IntCodec(Codec):
             data = torch.zeros(layout.total, dtype=torch.uint8, device=flat.device)
             layout.headers(data).copy_(headers)
             kernels.pack(codes, headers, offsets, layout.words(data))
-        header = write_stream_header(self.codec_id, tensor.dtype, tensor.shape, FIELDS, flags, BLOCK, n_words,
-                                     kernels.checksum(data))
+        header = write_header(self.codec_id, tensor.dtype, tensor.shape, FIELDS, flags, BLOCK, n_words,
+                              checksum=payload_checksum(data, kernels))
         return Packed(header, data)
 
     def decode_with(self, packed: Packed, backend: str) -> torch.Tensor:
         """Decode with a chosen implementation."""
         if not isinstance(packed, Packed):
             raise TypeError(f"int decodes a Packed, got {type(packed).__name__}")
-        header = read_stream_header(packed.header, self.codec_id, FIELDS)
-        flags, block, n_words, expected_sum = header.fields
+        header = read_header(packed.header, self.codec_id, FIELDS)
+        flags, block, n_words = header.fields
         dtype, numel = header.dtype, header.numel
         if dtype not in INT_DTYPES or flags not in (0, FLAG_RAW) or block != BLOCK:
             raise CodecError(f"int packed header has impossible fields {header.fields} for {dtype}: corrupted")
         layout = Layout(code_count(numel, dtype), n_words, 0, 0)
-        data = aligned_payload(packed.data)
-        check_payload_length(data, raw_payload_size(numel, dtype) if flags == FLAG_RAW else layout.total, self.codec_id)
-        kernels = backend_module(backend, data.device)
-        if kernels.checksum(data) != expected_sum:
-            raise CodecError("int payload fails its checksum: the packed data is corrupted")
+        check_payload_length(packed.data, raw_payload_size(numel, dtype) if flags == FLAG_RAW else layout.total,
+                             self.codec_id)
+        kernels = backend_module(backend, packed.device)
+        data = verified_payload(packed.data, header, kernels)
         if flags == FLAG_RAW:
             return data[: numel * dtype.itemsize].clone().view(dtype).reshape(header.shape)
         headers = layout.headers(data)
