@@ -101,9 +101,10 @@ def word_offsets(headers: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def validate_block_headers(headers: torch.Tensor, n_words: int, codec_id: str) -> None:
     """Every block has at most 32 words, and the blocks' words add up to the stream's word count."""
-    if headers.numel() and bool(((headers & 63) > MAX_WORDS).any()):
+    widths = headers & 63
+    if headers.numel() and bool((widths > MAX_WORDS).any()):
         raise CodecError(f"{codec_id} stream has a block header of more than {MAX_WORDS} words: corrupted")
-    total = int((headers & 63).to(torch.int64).sum()) if headers.numel() else 0
+    total = int(widths.sum(dtype=torch.int64)) if headers.numel() else 0
     if total != n_words:
         raise CodecError(f"{codec_id} block headers add up to {total} words, the header says {n_words}: corrupted")
 
