@@ -253,11 +253,17 @@ void hpcdl_unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* wor
     for (hp_i64 b = 0; b < blocks; ++b) hp_unpack_block(headers, offsets, words, n, b, q);
 }
 
-// Stream checksum: sum of (2 i + 1) * word[i] over little-endian u64 words, modulo 2^64.
+// Stream checksum: sum of (2 i + 1) * mix(word[i]) over little-endian u64 words, modulo 2^64, where mix is
+// the bijective splitmix64 finalizer (docs/format.md; hpcdl/compress/sz/reference.py is the specification).
 hp_u64 hpcdl_checksum(const hp_u64* words, hp_i64 n) {
     hp_u64 sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
-    for (hp_i64 i = 0; i < n; ++i) sum += (2 * (hp_u64)i + 1) * words[i];
+    for (hp_i64 i = 0; i < n; ++i) {
+        hp_u64 x = words[i];
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        sum += (2 * (hp_u64)i + 1) * (x ^ (x >> 31));
+    }
     return sum;
 }
 

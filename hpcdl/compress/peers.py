@@ -38,6 +38,8 @@ _HEADER_FIELDS = "dQ"  # absolute bound, library stream length
 # ratio (sz3 11.0x vs 10.1x as 3-D and 9.4x as 4-D; zfp 5.0x vs 3.5x and 2.9x), so the comparison is fair to them.
 _MAX_LIBRARY_DIMS = 2
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+# What the libraries raise for a stream they cannot decode; decode turns each into CodecError.
+_LIBRARY_ERRORS = (ValueError, RuntimeError, IndexError, OverflowError, MemoryError)
 
 
 class PeerCodec(Codec):
@@ -80,7 +82,13 @@ class PeerCodec(Codec):
             return torch.empty(header.shape, dtype=header.dtype)
         if length == 0:
             raise CodecError(f"{self.codec_id} payload is empty but the header holds {header.numel} values")
-        array = self._decompress(stream, _NUMPY_DTYPES[header.dtype], _library_shape(header.shape), absolute)
+        try:
+            array = self._decompress(stream, _NUMPY_DTYPES[header.dtype], _library_shape(header.shape), absolute)
+        except _LIBRARY_ERRORS as err:  # pysz reports a malformed stream as IndexError, among others
+            raise CodecError(f"{self.codec_id} could not decode the stream: {type(err).__name__}: {err}") from err
+        if array.size != header.numel or array.dtype != _NUMPY_DTYPES[header.dtype]:
+            raise CodecError(f"{self.codec_id} decoded {array.size} {array.dtype} values, the header says "
+                             f"{header.numel} {header.dtype}: the stream is corrupted")
         return torch.from_numpy(np.ascontiguousarray(array)).reshape(header.shape)
 
     @abstractmethod
@@ -107,26 +115,30 @@ class Sz3(PeerCodec):
         return compressed.tobytes()
 
     def _decompress(self, stream: bytes, dtype: np.dtype, shape: tuple[int, ...], absolute: float) -> np.ndarray:
-        try:
-            array, _config = self.library.sz.decompress(np.frombuffer(stream, dtype=np.uint8), dtype, shape)
-        except (ValueError, RuntimeError) as err:
-            raise CodecError(f"sz3 could not decode the stream: {err}") from err
+        array, _config = self.library.sz.decompress(np.frombuffer(stream, dtype=np.uint8), dtype, shape)
         return array
 
 
 @register_codec
 class Zfp(PeerCodec):
-    """zfp (zfpy) in fixed-accuracy mode, tolerance = the absolute bound; the stream has no zfp header."""
+    """zfp (zfpy) in fixed-accuracy mode, tolerance = the absolute bound.
+
+    The stream keeps zfp's own header (shape, type, mode; about 12 bytes), and decode refuses a stream whose
+    zfp header disagrees with hpcdl's: zfp's decoder trusts the shape it is given and reads past the end of a
+    stream shorter than that shape needs (a segfault, found by tests/stream_fuzz.py)."""
 
     codec_id = "zfp"
     package = "zfpy"
 
     def _compress(self, array: np.ndarray, absolute: float) -> bytes:
-        return self.library.compress_numpy(array, tolerance=absolute, write_header=False)
+        return self.library.compress_numpy(array, tolerance=absolute, write_header=True)
 
     def _decompress(self, stream: bytes, dtype: np.dtype, shape: tuple[int, ...], absolute: float) -> np.ndarray:
-        ztype = self.library.type_float if dtype == np.float32 else self.library.type_double
-        return self.library._decompress(stream, ztype, list(shape), tolerance=absolute)
+        array = self.library.decompress_numpy(stream)
+        if array.shape != shape or array.dtype != dtype:
+            raise CodecError(f"zfp stream holds {array.shape} {array.dtype}, the hpcdl header says {shape} {dtype}: "
+                             "the stream is corrupted")
+        return array
 
 
 def _absolute_bound(error_bound: ErrorBound, tensor: torch.Tensor) -> float:
