@@ -216,6 +216,7 @@ int hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, dou
 hp_u64 hpcdl_sz_assemble(hp_i64 n, const hp_u8* headers, const hp_u32* words, const hp_u8* indices, int index_size,
                          const hp_u8* values, int value_size, const hp_i64* part_words, const hp_i64* part_outliers,
                          hp_u8* data, hp_i64 words_at, hp_i64 indices_at, hp_i64 values_at, hp_i64 total) {
+    if (total == 0) return 0;  // an empty tensor: `data` may be NULL, which memset and memcpy must never get
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, parts = (blocks + HPCDL_PART_BLOCKS - 1) / HPCDL_PART_BLOCKS;
     memset(data, 0, (size_t)total);
     memcpy(data, headers, (size_t)blocks);
