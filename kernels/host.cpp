@@ -182,6 +182,7 @@ int hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, dou
 hp_u64 hpcdl_sz_assemble(hp_i64 n, const hp_u8* headers, const hp_u32* words, const hp_u8* indices, int index_size,
                          const hp_u8* values, int value_size, const hp_i64* part_words, const hp_i64* part_outliers,
                          hp_u8* data, hp_i64 words_at, hp_i64 indices_at, hp_i64 values_at, hp_i64 total) {
+    if (total == 0) return 0;  // an empty tensor: `data` may be NULL, which memset and memcpy must never get
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, parts = (blocks + HPCDL_PART_BLOCKS - 1) / HPCDL_PART_BLOCKS;
     memset(data, 0, (size_t)total);
     memcpy(data, headers, (size_t)blocks);
@@ -219,11 +220,17 @@ void hpcdl_unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* wor
     for (hp_i64 b = 0; b < blocks; ++b) hp_unpack_block(headers, offsets, words, n, b, q);
 }
 
-// Stream checksum: sum of (2 i + 1) * word[i] over little-endian u64 words, modulo 2^64.
+// Stream checksum: sum of (2 i + 1) * mix(word[i]) over little-endian u64 words, modulo 2^64, where mix is
+// the bijective splitmix64 finalizer (docs/format.md; hpcdl/compress/sz/reference.py is the specification).
 hp_u64 hpcdl_checksum(const hp_u64* words, hp_i64 n) {
     hp_u64 sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
-    for (hp_i64 i = 0; i < n; ++i) sum += (2 * (hp_u64)i + 1) * words[i];
+    for (hp_i64 i = 0; i < n; ++i) {
+        hp_u64 x = words[i];
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        sum += (2 * (hp_u64)i + 1) * (x ^ (x >> 31));
+    }
     return sum;
 }
 

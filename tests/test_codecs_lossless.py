@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcdl.compress import CodecError, Packed, get_codec
+from hpcdl.compress.checksum import payload_checksum
 from hpcdl.compress.header import DTYPE_CODES, write_header
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -47,7 +48,8 @@ def test_bitmask_contract():
     with pytest.raises(CodecError, match="expected 3"):
         codec.decode(Packed(packed.header, packed.data[:-1]))
     with pytest.raises(CodecError, match="only writes torch.bool"):
-        codec.decode(Packed(write_header("bitmask", torch.float32, (17,)), packed.data))
+        codec.decode(Packed(write_header("bitmask", torch.float32, (17,), checksum=payload_checksum(packed.data)),
+                            packed.data))
     with pytest.raises(CodecError, match="made by codec 'raw'"):
         codec.decode(get_codec({"id": "raw"}).encode(torch.ones(3, dtype=torch.bool)))
 
@@ -160,12 +162,15 @@ def test_cast_validates_streams():
     packed = codec.encode(torch.randn(5))
     with pytest.raises(CodecError, match="expected 10"):
         codec.decode(Packed(packed.header, packed.data[:-2]))
+    checksum = payload_checksum(packed.data)
     with pytest.raises(CodecError, match="not one of"):
-        codec.decode(Packed(write_header("cast", torch.float32, (5,), "B", DTYPE_CODES[torch.int16]), packed.data))
+        codec.decode(Packed(write_header("cast", torch.float32, (5,), "B", DTYPE_CODES[torch.int16], checksum=checksum),
+                            packed.data))
     with pytest.raises(CodecError, match="never encodes"):
-        codec.decode(Packed(write_header("cast", torch.int16, (5,), "B", DTYPE_CODES[torch.float16]), packed.data))
+        codec.decode(Packed(write_header("cast", torch.int16, (5,), "B", DTYPE_CODES[torch.float16], checksum=checksum),
+                            packed.data))
     with pytest.raises(CodecError, match="fields"):
-        codec.decode(Packed(write_header("cast", torch.float32, (5,)), packed.data))
+        codec.decode(Packed(write_header("cast", torch.float32, (5,), checksum=checksum), packed.data))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

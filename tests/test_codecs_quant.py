@@ -184,10 +184,10 @@ def test_truncated_and_corrupted_streams_raise_codec_error():
     with pytest.raises(CodecError, match="truncated"):
         codec.decode(Packed(packed.header[:-3], packed.data))
     header = read_header(packed.header, "quant", "BQB")
-    bad_bits = write_header("quant", header.dtype, header.shape, "BQB", 3, *header.fields[1:])
+    bad_bits = write_header("quant", header.dtype, header.shape, "BQB", 3, *header.fields[1:], checksum=header.checksum)
     with pytest.raises(CodecError, match="corrupted"):
         codec.decode(Packed(bad_bits, packed.data))
-    huge = write_header("quant", header.dtype, (2**40,), "BQB", *header.fields)
+    huge = write_header("quant", header.dtype, (2**40,), "BQB", *header.fields, checksum=header.checksum)
     with pytest.raises(CodecError, match="expected"):
         codec.decode(Packed(huge, packed.data))
     with pytest.raises(CodecError, match="made by codec 'raw'"):

@@ -80,13 +80,13 @@ def test_register_codec_refuses_silent_replacement():
 
 @pytest.mark.parametrize("cut", [0, 3, 5, 9, 20])
 def test_truncated_header_is_a_clear_error(cut):
-    blob = write_header("raw", torch.float32, (2, 3), "dq", 1.5, 7)
+    blob = write_header("raw", torch.float32, (2, 3), "dq", 1.5, 7, checksum=0)
     with pytest.raises(CodecError):
         read_header(blob[:cut], "raw", "dq")
 
 
 def test_wrong_codec_is_named():
-    blob = write_header("sz", torch.float32, (2, 3))
+    blob = write_header("sz", torch.float32, (2, 3), checksum=0)
     with pytest.raises(CodecError, match="made by codec 'sz'"):
         read_header(blob, "raw")
 
@@ -125,3 +125,63 @@ def test_check_bound_catches_each_rule():
     assert check_bound(x, torch.tensor([1.0, -1.0, 0.0, 0.0, float("inf"), 0.5]), "abs", 1.0).nonfinite_mismatches == 1
     rel = check_bound(torch.tensor([0.0, 10.0]), torch.tensor([0.0, 10.5]), "rel", 0.1)
     assert rel.ok and rel.max_error_over_bound == pytest.approx(0.5)
+
+
+# One example tensor per codec config: every registered stream format is checked by the tests below.
+STREAM_CASES = [
+    ({"id": "raw"}, torch.randn(3, 7)),
+    ({"id": "bitmask"}, torch.randn(37) > 0),
+    ({"id": "cast", "dtype": "bf16"}, torch.randn(5, 9)),
+    ({"id": "cast", "dtype": "fp8_e4m3"}, torch.randn(29)),
+    ({"id": "quant", "bits": 2, "group_size": 16, "seed": 1}, torch.randn(101)),
+    ({"id": "quant", "bits": 8, "scale_dtype": "fp16", "seed": 1}, torch.randn(3, 50, dtype=torch.float64)),
+    ({"id": "int"}, torch.arange(77, dtype=torch.int64) * 3),
+    ({"id": "sz", "mode": "rel", "bound": 1e-2}, torch.randn(90)),
+]
+
+
+@pytest.mark.parametrize("config,tensor", STREAM_CASES, ids=lambda v: v.get("id") if isinstance(v, dict) else "")
+def test_every_changed_payload_byte_is_a_codec_error(config, tensor):
+    """Every codec's stream carries the payload checksum: no flipped bit anywhere decodes silently."""
+    codec = get_codec(config)
+    packed = codec.encode(tensor)
+    for position in range(packed.data.numel()):
+        for flip in (0x01, 0x80):
+            changed = packed.data.clone()
+            changed[position] ^= flip
+            with pytest.raises(CodecError, match="checksum"):
+                codec.decode(Packed(packed.header, changed))
+
+
+@pytest.mark.parametrize("config,tensor", STREAM_CASES, ids=lambda v: v.get("id") if isinstance(v, dict) else "")
+def test_every_changed_header_byte_is_a_codec_error(config, tensor):
+    codec = get_codec(config)
+    packed = codec.encode(tensor)
+    for position in range(len(packed.header)):
+        changed = bytearray(packed.header)
+        changed[position] ^= 0x10
+        with pytest.raises(CodecError):
+            codec.decode(Packed(bytes(changed), packed.data))
+
+
+@pytest.mark.parametrize("offset", [1, 3, 4])
+@pytest.mark.parametrize("config,tensor", STREAM_CASES, ids=lambda v: v.get("id") if isinstance(v, dict) else "")
+def test_payload_at_an_unaligned_address_decodes(config, tensor, offset):
+    """A valid stream whose payload sits at an odd offset of a foreign buffer decodes to the same values."""
+    codec = get_codec(config)
+    packed = codec.encode(tensor)
+    buffer = torch.zeros(packed.data.numel() + offset, dtype=torch.uint8)
+    buffer[offset:] = packed.data
+    shifted = Packed(packed.header, buffer[offset:])
+    assert shifted.data.data_ptr() % 8 != 0
+    expected = codec.decode(packed)
+    restored = codec.decode(shifted)
+    assert restored.dtype == expected.dtype and torch.equal(restored.view(-1).view(torch.uint8),
+                                                            expected.view(-1).view(torch.uint8))
+
+
+def test_version_1_streams_are_refused_with_the_reason():
+    blob = bytearray(get_codec({"id": "raw"}).encode(torch.randn(4)).header)
+    blob[4] = 1
+    with pytest.raises(CodecError, match="version 1 streams.*re-encoded"):
+        get_codec({"id": "raw"}).decode(Packed(bytes(blob), torch.zeros(16, dtype=torch.uint8)))

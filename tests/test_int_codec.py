@@ -89,3 +89,43 @@ def test_corrupted_or_truncated_streams_raise():
     for cut in (0, 5, len(blob) // 2, len(blob) - 1):
         with pytest.raises(CodecError):
             codec.decode(Packed.from_bytes(blob[:cut]))
+
+
+_PEAK_SCRIPT = """
+import sys, torch
+from hpcdl.compress import get_codec
+
+def status(field):
+    with open('/proc/self/status') as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field))
+
+config, dtype, numel = eval(sys.argv[1]), getattr(torch, sys.argv[2]), int(sys.argv[3])
+codec = get_codec(config)
+packed = codec.encode(torch.zeros(numel, dtype=dtype))
+codec.decode(packed)  # warm-up: one-time allocations of the libraries are not the decode's
+with open('/proc/self/clear_refs', 'w') as refs:
+    refs.write('5')  # resets the peak resident set (VmHWM) to the current one
+before = status('VmRSS')
+out = codec.decode(packed)
+print((status('VmHWM') - before) / (out.numel() * out.element_size()))
+"""
+
+
+@pytest.mark.parametrize("config,dtype", [({"id": "int"}, "int64"), ({"id": "int"}, "uint8"),
+                                          ({"id": "sz", "mode": "abs", "bound": 0.1}, "float32")])
+def test_decode_transient_is_a_small_multiple_of_the_output(config, dtype):
+    """Decoding an all-zero stream (the smallest payload, so the output dominates) peaks near the output's size.
+    Measured in a fresh process whose freed tensors go back to the system (as hpcdl.memory measures CPU peaks)."""
+    import os
+    import subprocess
+    import sys
+
+    from hpcdl.memory import _CHILD_ENV
+
+    env = {**os.environ, **_CHILD_ENV, "OMP_NUM_THREADS": "1"}
+    numel = 2**25 // torch.empty(0, dtype=getattr(torch, dtype)).element_size()  # a 32 MiB output
+    result = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, repr(config), dtype, str(numel)], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    ratio = float(result.stdout)
+    assert ratio < 1.5, f"decoding {config} {dtype} peaked at {ratio:.2f}x its output"

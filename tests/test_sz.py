@@ -221,18 +221,17 @@ def test_corrupted_or_truncated_streams_raise(dtype, mode):
 
 def test_forged_payload_is_validated_before_the_kernels():
     """A payload with a valid checksum but impossible block headers or outlier indices is refused, not decoded."""
+    from hpcdl.compress.header import read_header, write_header
     from hpcdl.compress.sz import FIELDS, Sz
-    from hpcdl.compress.sz.stream import read_stream_header, write_stream_header
 
     x = torch.tensor([1.0, float("nan"), 3.0] * 20)
     packed = Sz("abs", 0.1).encode(x)
-    header = read_stream_header(packed.header, "sz", FIELDS)
+    header = read_header(packed.header, "sz", FIELDS)
     for offset, value in [(0, 33), (0, 0xE1), (64, 200)]:  # 33 words (twice), an outlier index past the end
         data = packed.data.clone()
         data[offset] = value
-        fields = list(header.fields)
-        fields[-1] = sz_reference.checksum(data)
-        forged = Packed(write_stream_header("sz", header.dtype, header.shape, FIELDS, *fields), data)
+        forged = Packed(write_header("sz", header.dtype, header.shape, FIELDS, *header.fields,
+                                     checksum=sz_reference.checksum(data)), data)
         with pytest.raises(CodecError):
             Sz("abs", 0.1).decode(forged)
 

@@ -1,7 +1,8 @@
-"""Golden streams (tests/fixtures/, written by make_fixtures.py): the sz and int formats do not change by accident.
+"""Golden streams (tests/fixtures/, written by make_fixtures.py): stream formats do not change by accident.
 
-Every implementation must produce the stored bytes from the stored input, and
-decode the stored stream to the stored output, bit for bit.
+Every implementation (sz and int: each backend) must produce the stored bytes
+from the stored input, and decode the stored stream to the stored output, bit
+for bit.
 """
 
 import json
@@ -27,8 +28,11 @@ def _bits(tensor: torch.Tensor) -> bytes:
     return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
 
 
+BLOCK_CASES = sorted(name for name in CASES if CASES[name]["id"] in ("sz", "int"))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", BLOCK_CASES)
 def test_golden_stream(name, backend):
     config = CASES[name]
     codec = get_codec(config)
@@ -40,17 +44,33 @@ def test_golden_stream(name, backend):
     assert _bits(decoded) == _bits(expected)
 
 
+@pytest.mark.parametrize("name", sorted(set(CASES) - set(BLOCK_CASES)))
+def test_golden_stream_of_other_codecs(name):
+    codec = get_codec(CASES[name])
+    stream = (FIXTURES / f"{name}.stream").read_bytes()
+    original, expected = _load(name, "input"), _load(name, "decoded")
+    assert codec.encode(original).to_bytes() == stream
+    decoded = codec.decode(Packed.from_bytes(stream))
+    assert decoded.dtype == expected.dtype and decoded.shape == expected.shape
+    assert _bits(decoded) == _bits(expected)
+
+
+def test_fixtures_cover_every_codec_without_optional_packages():
+    assert {config["id"] for config in CASES.values()} == {"sz", "int", "quant", "cast", "bitmask", "raw"}
+
+
 def test_fixtures_cover_every_block_predictor():
     """The golden streams hold blocks of all four predictors (zigzag, unsigned, Lorenzo, sparse) and a raw fallback."""
     from hpcdl.compress import intcodec
     from hpcdl.compress import sz
-    from hpcdl.compress.sz.stream import block_count, read_stream_header
+    from hpcdl.compress.header import read_header
+    from hpcdl.compress.sz.stream import block_count
 
     predictors, raw_streams = set(), 0
-    for name in CASES:
+    for name in BLOCK_CASES:
         packed = Packed.from_bytes((FIXTURES / f"{name}.stream").read_bytes())
         is_sz = packed.codec_id == "sz"
-        fields = read_stream_header(packed.header, packed.codec_id, sz.FIELDS if is_sz else intcodec.FIELDS).fields
+        fields = read_header(packed.header, packed.codec_id, sz.FIELDS if is_sz else intcodec.FIELDS).fields
         if fields[1 if is_sz else 0] & 1:  # the raw-fallback flag: the payload is the tensor's bytes
             raw_streams += 1
             continue

@@ -6,6 +6,7 @@ import torch
 
 from hpcdl.compress.base import Codec, Packed
 from hpcdl.compress.bitpack import pack_bits, packed_length, unpack_bits
+from hpcdl.compress.checksum import payload_checksum, verified_payload
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import read_header, write_header
 from hpcdl.compress.registry import register_codec
@@ -24,8 +25,8 @@ class Bitmask(Codec):
         return {"id": self.codec_id}
 
     def _encode(self, tensor: torch.Tensor) -> Packed:
-        bits = tensor.detach().reshape(-1).to(torch.uint8)
-        return Packed(write_header(self.codec_id, tensor.dtype, tensor.shape), pack_bits(bits, 1))
+        data = pack_bits(tensor.detach().reshape(-1).to(torch.uint8), 1)
+        return Packed(write_header(self.codec_id, tensor.dtype, tensor.shape, checksum=payload_checksum(data)), data)
 
     def _decode(self, packed: Packed) -> torch.Tensor:
         header = read_header(packed.header, self.codec_id)
@@ -34,4 +35,5 @@ class Bitmask(Codec):
         expected = packed_length(header.numel, 1)
         if packed.data.numel() != expected:
             raise CodecError(f"bitmask payload has {packed.data.numel()} bytes, expected {expected} for shape {header.shape}")
-        return unpack_bits(packed.data, 1, header.numel).to(torch.bool).reshape(header.shape)
+        data = verified_payload(packed.data, header)
+        return unpack_bits(data, 1, header.numel).to(torch.bool).reshape(header.shape)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from hpcdl.compress.base import FLOAT_DTYPES, Codec, Packed, check_mode
+from hpcdl.compress.checksum import payload_checksum, verified_payload
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import CODE_DTYPES, DTYPE_CODES, read_header, write_header
 from hpcdl.compress.registry import register_codec
@@ -55,7 +56,8 @@ class Cast(Codec):
             x = torch.where(infinite, wide, wide.clamp(-largest, largest))
         narrow = x.to(target, copy=True).contiguous()
         data = narrow.view(torch.uint8) if narrow.numel() else torch.empty(0, dtype=torch.uint8, device=x.device)
-        header = write_header(self.codec_id, tensor.dtype, tensor.shape, "B", DTYPE_CODES[target])
+        header = write_header(self.codec_id, tensor.dtype, tensor.shape, "B", DTYPE_CODES[target],
+                              checksum=payload_checksum(data))
         return Packed(header, data)
 
     def _decode(self, packed: Packed) -> torch.Tensor:
@@ -71,6 +73,7 @@ class Cast(Codec):
             raise CodecError(
                 f"cast payload has {packed.data.numel()} bytes, expected {expected} for {header.shape} as {_TARGET_NAMES[target]}"
             )
+        data = verified_payload(packed.data, header)
         if expected == 0:
             return torch.empty(header.shape, dtype=header.dtype, device=packed.device)
-        return packed.data.view(target).to(header.dtype, copy=True).reshape(header.shape)
+        return data.view(target).to(header.dtype, copy=True).reshape(header.shape)

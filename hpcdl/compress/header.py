@@ -11,15 +11,20 @@ Layout (little-endian)::
     shape      ndim x i64
     fields_len u16      length of the codec's own fields
     fields     fields_len bytes, packed with the codec's struct format
+    checksum   u64      payload checksum (hpcdl.compress.checksum), the same definition for every codec
+    crc        u32      CRC-32 (zlib) of the whole header with these 4 bytes zeroed
 
-Reading validates every length before it is used, so a truncated or corrupted
-header raises :class:`CodecError` instead of reading out of bounds.
+Reading validates every length before it is used and checks the CRC, so a
+truncated or corrupted header raises :class:`CodecError` instead of reading out
+of bounds or describing the wrong tensor. Version 1 (before every stream
+carried a checksum) is refused with a message that says so.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +32,7 @@ import torch
 from hpcdl.compress.errors import CodecError
 
 MAGIC = b"HPCD"
-HEADER_VERSION = 1
+HEADER_VERSION = 2  # 2: every header ends with the payload checksum and its own CRC-32
 MAX_NDIM = 32
 
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -54,14 +59,16 @@ class Header:
     dtype: torch.dtype
     shape: tuple[int, ...]
     fields: tuple
+    checksum: int
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
 
-def write_header(codec_id: str, dtype: torch.dtype, shape, fields_format: str = "", *fields) -> bytes:
-    """Serialise a header; ``fields`` are packed with ``struct`` format ``"<" + fields_format``."""
+def write_header(codec_id: str, dtype: torch.dtype, shape, fields_format: str = "", *fields, checksum: int) -> bytes:
+    """Serialise a header; ``fields`` are packed with ``struct`` format ``"<" + fields_format``, ``checksum`` is
+    the payload's :func:`hpcdl.compress.checksum.payload_checksum`."""
     if dtype not in DTYPE_CODES:
         raise TypeError(f"dtype {dtype} has no stream code; known: {sorted(map(str, DTYPE_CODES))}")
     shape = tuple(int(s) for s in shape)
@@ -69,7 +76,7 @@ def write_header(codec_id: str, dtype: torch.dtype, shape, fields_format: str = 
         raise ValueError(f"tensors of {len(shape)} dimensions are not supported (at most {MAX_NDIM})")
     ident = codec_id.encode("ascii")
     packed_fields = struct.pack("<" + fields_format, *fields)
-    return b"".join(
+    blob = b"".join(
         [
             MAGIC,
             struct.pack("<BB", HEADER_VERSION, len(ident)),
@@ -78,8 +85,10 @@ def write_header(codec_id: str, dtype: torch.dtype, shape, fields_format: str = 
             struct.pack(f"<{len(shape)}q", *shape),
             struct.pack("<H", len(packed_fields)),
             packed_fields,
+            struct.pack("<Q", checksum),
         ]
     )
+    return blob + struct.pack("<I", zlib.crc32(blob + bytes(4)))
 
 
 class _Reader:
@@ -111,7 +120,9 @@ def peek_codec_id(blob: bytes) -> str:
         raise CodecError(f"not an hpcdl packed stream: magic is {magic!r}, expected {MAGIC!r}")
     version, id_len = reader.unpack("BB", "version and id length")
     if version != HEADER_VERSION:
-        raise CodecError(f"packed stream has header version {version}; this hpcdl reads version {HEADER_VERSION}")
+        old = " (version 1 streams, written before every codec stored a payload checksum, must be re-encoded)" \
+            if version == 1 else ""
+        raise CodecError(f"packed stream has header version {version}; this hpcdl reads version {HEADER_VERSION}{old}")
     try:
         return reader.take(id_len, "codec id").decode("ascii")
     except UnicodeDecodeError as err:
@@ -119,7 +130,7 @@ def peek_codec_id(blob: bytes) -> str:
 
 
 def read_header(blob: bytes, codec_id: str, fields_format: str = "") -> Header:
-    """Parse and validate a header written by ``codec_id`` with ``fields_format``."""
+    """Parse and validate a header written by ``codec_id`` with ``fields_format``, checking its CRC-32."""
     found = peek_codec_id(blob)
     if found != codec_id:
         raise CodecError(
@@ -143,6 +154,9 @@ def read_header(blob: bytes, codec_id: str, fields_format: str = "") -> Header:
             "the stream is corrupted or from another format version"
         )
     fields = struct.unpack("<" + fields_format, reader.take(fields_len, "codec fields"))
+    checksum, crc = reader.unpack("QI", "payload checksum and header CRC")
     if reader.pos != len(blob):
         raise CodecError(f"packed header has {len(blob) - reader.pos} trailing bytes: the stream is corrupted")
-    return Header(codec_id=found, dtype=CODE_DTYPES[dtype_code], shape=tuple(shape), fields=fields)
+    if zlib.crc32(blob[:-4] + bytes(4)) != crc:
+        raise CodecError(f"{codec_id} packed header fails its CRC-32 check: the header is corrupted")
+    return Header(codec_id=found, dtype=CODE_DTYPES[dtype_code], shape=tuple(shape), fields=fields, checksum=checksum)

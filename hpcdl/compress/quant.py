@@ -26,6 +26,7 @@ import torch
 
 from hpcdl.compress.base import FLOAT_DTYPES, Codec, Packed, check_mode
 from hpcdl.compress.bitpack import PACKABLE_BITS, pack_bits, packed_length, unpack_bits
+from hpcdl.compress.checksum import payload_checksum, verified_payload
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import CODE_DTYPES, DTYPE_CODES, read_header, write_header
 from hpcdl.compress.registry import register_codec
@@ -67,12 +68,10 @@ class Quant(Codec):
 
     def _encode(self, tensor: torch.Tensor) -> Packed:
         stat_dtype = SCALE_DTYPES[self.scale_dtype]
-        header = write_header(self.codec_id, tensor.dtype, tensor.shape, _HEADER_FIELDS,
-                              self.bits, self.group_size, DTYPE_CODES[stat_dtype])
         x = tensor.detach().reshape(-1)
         count = x.numel()
         if count == 0:
-            return Packed(header, torch.empty(0, dtype=torch.uint8, device=x.device))
+            return self._packed(tensor, stat_dtype, torch.empty(0, dtype=torch.uint8, device=x.device))
         if not bool(torch.isfinite(x).all()):
             nonfinite = int((~torch.isfinite(x)).sum())
             raise ValueError(f"quant cannot encode NaN or Inf ({nonfinite} of {count} values); use sz or raw for this tensor")
@@ -91,6 +90,11 @@ class Quant(Codec):
         noise = torch.rand(groups.shape, dtype=compute, device=x.device, generator=self._generator(x.device))
         codes = torch.floor((groups - lo_c) * inverse + noise).clamp_(0, levels).to(torch.uint8)
         payload = torch.cat([_bytes_of(lo), _bytes_of(step), pack_bits(codes.reshape(-1)[:count], self.bits)])
+        return self._packed(tensor, stat_dtype, payload)
+
+    def _packed(self, tensor: torch.Tensor, stat_dtype: torch.dtype, payload: torch.Tensor) -> Packed:
+        header = write_header(self.codec_id, tensor.dtype, tensor.shape, _HEADER_FIELDS, self.bits, self.group_size,
+                              DTYPE_CODES[stat_dtype], checksum=payload_checksum(payload))
         return Packed(header, payload)
 
     def _decode(self, packed: Packed) -> torch.Tensor:
@@ -107,12 +111,13 @@ class Quant(Codec):
         expected = 2 * stat_bytes + packed_length(count, bits)
         if packed.data.numel() != expected:
             raise CodecError(f"quant payload has {packed.data.numel()} bytes, expected {expected} for {header.shape}")
+        data = verified_payload(packed.data, header)
         if count == 0:
             return torch.empty(header.shape, dtype=header.dtype, device=packed.device)
         compute = _compute_dtype(header.dtype)
-        lo = packed.data[:stat_bytes].view(stat_dtype).to(compute).unsqueeze(1)
-        step = packed.data[stat_bytes : 2 * stat_bytes].view(stat_dtype).to(compute).unsqueeze(1)
-        codes = _grouped(unpack_bits(packed.data[2 * stat_bytes :], bits, count).to(compute), group_size)
+        lo = data[:stat_bytes].view(stat_dtype).to(compute).unsqueeze(1)
+        step = data[stat_bytes : 2 * stat_bytes].view(stat_dtype).to(compute).unsqueeze(1)
+        codes = _grouped(unpack_bits(data[2 * stat_bytes :], bits, count).to(compute), group_size)
         values = lo + codes * step
         return values.reshape(-1)[:count].to(header.dtype).reshape(header.shape)
 

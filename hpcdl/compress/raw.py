@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from hpcdl.compress.base import Codec, Packed
+from hpcdl.compress.checksum import payload_checksum, verified_payload
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import DTYPE_CODES, read_header, write_header
 from hpcdl.compress.registry import register_codec
@@ -22,14 +23,15 @@ class Raw(Codec):
 
     def _encode(self, tensor: torch.Tensor) -> Packed:
         flat = tensor.detach().contiguous().reshape(-1)
-        data = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=tensor.device)
-        return Packed(write_header(self.codec_id, tensor.dtype, tensor.shape), data.clone())
+        data = (flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=tensor.device)).clone()
+        return Packed(write_header(self.codec_id, tensor.dtype, tensor.shape, checksum=payload_checksum(data)), data)
 
     def _decode(self, packed: Packed) -> torch.Tensor:
         header = read_header(packed.header, self.codec_id)
         expected = header.numel * header.dtype.itemsize
         if packed.data.numel() != expected:
             raise CodecError(f"raw payload has {packed.data.numel()} bytes, expected {expected} for {header.shape} {header.dtype}")
+        data = verified_payload(packed.data, header)
         if expected == 0:
             return torch.empty(header.shape, dtype=header.dtype, device=packed.device)
-        return packed.data.clone().view(header.dtype).reshape(header.shape)
+        return (data.clone() if data is packed.data else data).view(header.dtype).reshape(header.shape)

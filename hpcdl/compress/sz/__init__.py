@@ -19,27 +19,26 @@ from types import ModuleType
 import torch
 
 from hpcdl.compress.base import ERROR_BOUND_MODES, FLOAT_DTYPES, Codec, ErrorBound, Packed, check_mode
+from hpcdl.compress.checksum import payload_checksum, verified_payload
 from hpcdl.compress.errors import CodecError
+from hpcdl.compress.header import read_header, write_header
 from hpcdl.compress.registry import register_codec
 from hpcdl.compress.sz import host, reference
 from hpcdl.compress.sz.params import CODE_MODES, MANTISSA_BITS, MODE_CODES, SzParams, compute_dtype
 from hpcdl.compress.sz.stream import (
     BLOCK,
     Layout,
-    aligned_payload,
     check_payload_length,
     raw_payload,
     raw_payload_size,
-    read_stream_header,
     validate_block_headers,
     validate_outlier_indices,
     word_offsets,
-    write_stream_header,
 )
 
 BACKENDS = ("auto", "reference", "host", "cuda")
-# mode code, flags, block size, pw_rel shift, bound, eb, words, outliers, payload checksum (docs/format.md)
-FIELDS = "BBBBddQQQ"
+# mode code, flags, block size, pw_rel shift, bound, eb, words, outliers (docs/format.md)
+FIELDS = "BBBBddQQ"
 FLAG_RAW = 1
 _warned_no_host = False
 
@@ -95,7 +94,7 @@ def _encode_two_passes(kernels: ModuleType, x: torch.Tensor, params: SzParams,
     layout.headers(data).copy_(headers)
     kernels.sz_pack(x, params, headers, offsets, outlier_ends - outlier_counts, layout.words(data),
                     layout.indices(data), layout.values(data, x.dtype))
-    return data, n_words, n_outliers, kernels.checksum(data)
+    return data, n_words, n_outliers, payload_checksum(data, kernels)
 
 
 @register_codec
@@ -133,13 +132,13 @@ class Sz(Codec):
         if encoded is None:
             flags, n_words, n_outliers = FLAG_RAW, 0, 0
             data = raw_payload(x)
-            checksum = kernels.checksum(data)
+            checksum = payload_checksum(data, kernels)
         else:
             flags = 0
             data, n_words, n_outliers, checksum = encoded
-        header = write_stream_header(
+        header = write_header(
             self.codec_id, tensor.dtype, tensor.shape, FIELDS, MODE_CODES[params.mode], flags, BLOCK, params.shift,
-            params.bound, params.eb, n_words, n_outliers, checksum,
+            params.bound, params.eb, n_words, n_outliers, checksum=checksum,
         )
         return Packed(header, data)
 
@@ -147,18 +146,17 @@ class Sz(Codec):
     def decode_with(cls, packed: Packed, backend: str) -> torch.Tensor:
         if not isinstance(packed, Packed):
             raise TypeError(f"sz decodes a Packed, got {type(packed).__name__}")
-        header = read_stream_header(packed.header, cls.codec_id, FIELDS)
-        mode_code, flags, block, shift, bound, eb, n_words, n_outliers, expected_sum = header.fields
+        header = read_header(packed.header, cls.codec_id, FIELDS)
+        mode_code, flags, block, shift, bound, eb, n_words, n_outliers = header.fields
         dtype, n = header.dtype, header.numel
         if (dtype not in FLOAT_DTYPES or mode_code not in CODE_MODES or flags not in (0, FLAG_RAW) or block != BLOCK
                 or shift > MANTISSA_BITS[compute_dtype(dtype)] or not eb >= 0 or n_outliers > n):
             raise CodecError(f"sz packed header has impossible fields {header.fields} for {dtype}: corrupted")
         layout = Layout(n, n_words, n_outliers, dtype.itemsize)
-        data = aligned_payload(packed.data)
-        check_payload_length(data, raw_payload_size(n, dtype) if flags == FLAG_RAW else layout.total, cls.codec_id)
-        kernels = backend_module(backend, data.device)
-        if kernels.checksum(data) != expected_sum:
-            raise CodecError("sz payload fails its checksum: the packed data is corrupted")
+        check_payload_length(packed.data, raw_payload_size(n, dtype) if flags == FLAG_RAW else layout.total,
+                             cls.codec_id)
+        kernels = backend_module(backend, packed.device)
+        data = verified_payload(packed.data, header, kernels)
         if flags == FLAG_RAW:
             return data[: n * dtype.itemsize].clone().view(dtype).reshape(header.shape)
         headers = layout.headers(data)

@@ -5,13 +5,15 @@ The functions of reference.py, with two fused where the host gains by it:
 reference's sz_headers, prefix sums and sz_pack), and ``sz_decode`` validates
 the block headers and computes the word offsets itself. Callers pass contiguous CPU
 tensors whose lengths were validated and whose payloads are 8-byte aligned
-(stream.aligned_payload); the C code trusts them. ctypes releases
+(checksum.aligned_payload); the C code trusts them. HPCDL_HOST_LIBRARY=path loads another build of
+kernels/host.cpp instead (the sanitizer test uses it). ctypes releases
 the GIL during each call, and the library runs its block loops on OpenMP threads.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from ctypes import c_double, c_int, c_int64, c_uint64, c_void_p
 from pathlib import Path
 
@@ -25,9 +27,18 @@ from hpcdl.compress.sz.stream import BLOCK, Layout, block_count, index_dtype
 PART_BLOCKS = 8192  # blocks per part of the fused encoder: HPCDL_PART_BLOCKS of kernels/host.cpp
 
 
+def _candidates() -> list[Path]:
+    """The library to load: the file HPCDL_HOST_LIBRARY names (e.g. a sanitizer build), else the built one."""
+    chosen = os.environ.get("HPCDL_HOST_LIBRARY")
+    if chosen:
+        if not Path(chosen).is_file():
+            raise ImportError(f"HPCDL_HOST_LIBRARY={chosen!r} is not a file; unset it to use the built host library")
+        return [Path(chosen)]
+    return sorted(Path(__file__).resolve().parents[2].glob("_kernels_host*.so"))
+
+
 def _load() -> ctypes.CDLL | None:
-    package = Path(__file__).resolve().parents[2]
-    for candidate in sorted(package.glob("_kernels_host*.so")):
+    for candidate in _candidates():
         library = ctypes.CDLL(str(candidate))
         library.hpcdl_sz_decode.argtypes = [c_int, c_void_p, c_int64, c_void_p, c_int64, c_int, c_double, c_double,
                                             c_int, c_void_p, c_void_p]

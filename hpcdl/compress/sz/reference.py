@@ -235,10 +235,22 @@ def sz_decode(headers, offsets, words, numel: int, dtype: torch.dtype, params: S
     return value_of(unpack(headers, offsets, words, numel), dtype, params)
 
 
+_MIX = (0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64)  # splitmix64's multipliers, as int64
+
+
+def _mix64(x: torch.Tensor) -> torch.Tensor:
+    """The splitmix64 finalizer of int64 ``x`` read as u64 (a bijection; int64 products wrap modulo 2^64)."""
+    x = (x ^ ((x >> 30) & (2**34 - 1))) * _MIX[0]
+    x = (x ^ ((x >> 27) & (2**37 - 1))) * _MIX[1]
+    return x ^ ((x >> 31) & (2**33 - 1))
+
+
 def checksum(data: torch.Tensor) -> int:
-    """sum((2 i + 1) * w_i) mod 2^64 over the payload as little-endian u64 words (length a multiple of 8)."""
+    """sum((2 i + 1) * mix(w_i)) mod 2^64 over the payload as little-endian u64 words w_i (length a multiple of 8),
+    mix the bijective splitmix64 finalizer: one changed word always changes the sum, and unlike a plain
+    weighted sum, changes of the same high bit in two words do not cancel."""
     if data.numel() == 0:
         return 0
     w = data.view(torch.int64)
     weights = 2 * torch.arange(w.numel(), dtype=torch.int64, device=w.device) + 1
-    return int((w * weights).sum()) & 0xFFFFFFFFFFFFFFFF
+    return int((_mix64(w) * weights).sum()) & 0xFFFFFFFFFFFFFFFF

@@ -1,27 +1,23 @@
 """The block stream shared by the ``sz`` and ``int`` codecs: layout, header, validation.
 
-A stream is a header (hpcdl.compress.header, with a CRC-32 over itself) and one
-uint8 payload tensor laid out as (docs/format.md)::
+A stream is a header (hpcdl.compress.header: with the payload checksum of
+hpcdl.compress.checksum and a CRC-32 over itself) and one uint8 payload tensor
+laid out as (docs/format.md)::
 
     block headers   one byte per 32-element block: words (bits 0..5) | predictor (bits 6..7)
     words           u32 words of every block, at 8-byte-aligned offset
     outlier index   sorted flat indices (int32, or int64 for tensors of 2^31 elements or more)
     outlier values  the exact elements, in the tensor's dtype
     (zero padding after each section to a multiple of 8 bytes)
-
-and a checksum over the payload, read as little-endian u64 words w_i:
-sum((2 i + 1) * w_i) mod 2^64, so that any changed word is detected.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import torch
 
 from hpcdl.compress.errors import CodecError
-from hpcdl.compress.header import Header, read_header, write_header
 
 BLOCK = 32
 MAX_WORDS = 32  # words of one block
@@ -95,20 +91,6 @@ def raw_payload(flat: torch.Tensor) -> torch.Tensor:
     return data
 
 
-def write_stream_header(codec_id: str, dtype: torch.dtype, shape, fields_format: str, *fields) -> bytes:
-    """A header whose last field is a CRC-32 of the header with that field zeroed."""
-    blob = write_header(codec_id, dtype, shape, fields_format + "I", *fields, 0)
-    return blob[:-4] + zlib.crc32(blob).to_bytes(4, "little")
-
-
-def read_stream_header(blob: bytes, codec_id: str, fields_format: str) -> Header:
-    """Parse a header of :func:`write_stream_header` and check its CRC; the CRC is dropped from ``fields``."""
-    header = read_header(blob, codec_id, fields_format + "I")
-    if zlib.crc32(blob[:-4] + bytes(4)) != header.fields[-1]:
-        raise CodecError(f"{codec_id} packed header fails its CRC-32 check: the header is corrupted")
-    return Header(header.codec_id, header.dtype, header.shape, header.fields[:-1])
-
-
 def word_offsets(headers: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Exclusive prefix sum of the blocks' word counts (int64, on the headers' device) and the total."""
     widths = (headers & 63).to(torch.int64)
@@ -119,9 +101,10 @@ def word_offsets(headers: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def validate_block_headers(headers: torch.Tensor, n_words: int, codec_id: str) -> None:
     """Every block has at most 32 words, and the blocks' words add up to the stream's word count."""
-    if headers.numel() and bool(((headers & 63) > MAX_WORDS).any()):
+    widths = headers & 63
+    if headers.numel() and bool((widths > MAX_WORDS).any()):
         raise CodecError(f"{codec_id} stream has a block header of more than {MAX_WORDS} words: corrupted")
-    total = int((headers & 63).to(torch.int64).sum()) if headers.numel() else 0
+    total = int(widths.sum(dtype=torch.int64)) if headers.numel() else 0
     if total != n_words:
         raise CodecError(f"{codec_id} block headers add up to {total} words, the header says {n_words}: corrupted")
 
@@ -134,12 +117,6 @@ def validate_outlier_indices(indices: torch.Tensor, numel: int, codec_id: str) -
     increasing = indices.numel() == 1 or bool((indices[1:] > indices[:-1]).all())
     if not (inside and increasing):
         raise CodecError(f"{codec_id} outlier indices are out of range or not strictly increasing: corrupted")
-
-
-def aligned_payload(data: torch.Tensor) -> torch.Tensor:
-    """The payload, or an aligned copy when it does not start on an 8-byte boundary (a Packed over a foreign
-    buffer may not): its sections are read as u32, int64 and u64 words."""
-    return data.clone() if data.storage_offset() % 8 or data.data_ptr() % 8 or not data.is_contiguous() else data
 
 
 def check_payload_length(data: torch.Tensor, expected: int, codec_id: str) -> None:
