@@ -125,8 +125,8 @@ def int_round_trip(library, digest, rng: random.Random) -> None:
 
 def main() -> None:
     library = load(sys.argv[1])
-    if len(sys.argv) > 2 and library.hpcdl_host_select(sys.argv[2].encode()) != 0:
-        sys.exit(f"cannot select {sys.argv[2]!r}")
+    if len(sys.argv) > 2 and (status := library.hpcdl_host_select(sys.argv[2].encode())) != 0:
+        sys.exit(f"cannot select {sys.argv[2]!r}: status {status}")
     rng = random.Random(0)
     values = float_values(rng)
     digest = hashlib.sha256()
