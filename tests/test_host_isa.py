@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require
 
 from hpcdl.compress.intcodec import IntCodec
 from hpcdl.compress.sz import decode_with, encode_with, host
-from conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("host_kernels_driver.py")
@@ -84,8 +84,8 @@ def test_selecting_a_build_the_library_lacks_is_refused_and_changes_nothing(rest
 
 
 def _run_python(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env})
+    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env})
 
 
 @requires_host
@@ -108,7 +108,8 @@ def test_each_build_keeps_its_code_to_itself():
 
 def _driver(*command: str, isa: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*command, sys.executable, "-S", str(DRIVER), _library(), *([isa] if isa else [])],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "2"})
+                          check=False, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OMP_NUM_THREADS": "2"})
 
 
 def _qemu() -> str:
