@@ -1,14 +1,50 @@
-// Host build of the block functions in sz_block.cuh: OpenMP loops over 32-element blocks,
-// exported with C linkage for hpcdl/compress/sz/host.py (ctypes). Built by setup.py into
-// hpcdl/_kernels_host*.so with -ffp-contract=off -march=native. Lengths are validated in Python first;
-// hpcdl_sz_decode checks the block headers itself before it reads any word.
+// Host build of the block functions in sz_block.cuh: OpenMP loops over 32-element blocks, gathered in one table
+// of the C interface of kernels/host_api.h. setup.py compiles this file once per instruction set (HPCDL_HOST_ISA:
+// baseline, avx2, avx512; with -ffp-contract=off and that set's -m flags) into hpcdl/_kernels_host*.so, where
+// kernels/host_dispatch.cpp picks the table the CPU runs. Lengths are validated in Python first; sz_decode checks
+// the block headers itself before it reads any word.
+//
+// Everything but the table is in an anonymous namespace: each build's functions, the inline ones of sz_block.cuh
+// included, stay internal to it. (With external linkage the linker would keep one copy of an inline function for
+// all builds, maybe the AVX-512 one, and the baseline path would run AVX-512 instructions.)
 //
 // OpenMP, because torch's CPU build loads libgomp.so.1 first and this library then shares its runtime:
 // one thread team for torch and these loops, sized by torch.set_num_threads. (A separate pool of
 // std::threads was measured slower: torch's idle OpenMP threads spin and compete with it.)
+#include <math.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "host_api.h"
+
+#if !defined(HPCDL_HOST_ISA)
+#error "define HPCDL_HOST_ISA (baseline, avx2 or avx512): setup.py builds this file once per instruction set"
+#endif
+// Each ISA's build must have that ISA's vector paths of sz_block.cuh on (checked below), so the flags setup.py
+// passes and the CPU test of kernels/host_dispatch.cpp cannot drift apart silently.
+#define HPCDL_ISA_baseline 1
+#define HPCDL_ISA_avx2 2
+#define HPCDL_ISA_avx512 3
+#define HPCDL_ISA_CODE(isa) HPCDL_ISA_CODE_(isa)
+#define HPCDL_ISA_CODE_(isa) HPCDL_ISA_##isa
+#define HPCDL_TABLE(isa) HPCDL_TABLE_(isa)
+#define HPCDL_TABLE_(isa) hpcdl_host_kernels_##isa
+
+namespace {
 
 #include "sz_block.cuh"
+
+#if HPCDL_ISA_CODE(HPCDL_HOST_ISA) == HPCDL_ISA_avx512
+static_assert(HPCDL_HOST_AVX512, "the avx512 build needs -mavx512f -mavx512bw -mavx512cd -mavx512dq -mavx512vl");
+#elif HPCDL_ISA_CODE(HPCDL_HOST_ISA) == HPCDL_ISA_avx2
+static_assert(HPCDL_HOST_AVX2 && !HPCDL_HOST_AVX512, "the avx2 build needs -mavx2 and no AVX-512 flag");
+#elif HPCDL_ISA_CODE(HPCDL_HOST_ISA) == HPCDL_ISA_baseline
+static_assert(!HPCDL_HOST_AVX2, "the baseline build takes no -mavx2 or AVX-512 flag");
+#else
+#error "HPCDL_HOST_ISA must be baseline, avx2 or avx512"
+#endif
 
 // Below these sizes a loop runs on the calling thread: waking a thread team costs more than it saves
 // (milliseconds on a busy machine), and activations come in every size.
@@ -18,7 +54,7 @@
 // Fused encoder: blocks are cut into parts of HPCDL_PART_BLOCKS; each part is one pass over its input that
 // quantizes a block, chooses its header and writes its words and outliers at once (while the block's codes are
 // in registers), into scratch at the part's worst-case position (part start * 32 words, part start elements of
-// outliers). hpcdl_sz_assemble then moves the parts' words and outliers into the stream. Both steps depend only
+// outliers). sz_assemble then moves the parts' words and outliers into the stream. Both steps depend only
 // on the part size, not on the thread count, so the bytes are those of the two-pass kernels.
 #define HPCDL_PART_BLOCKS 8192
 
@@ -132,12 +168,11 @@ static int part_word_offsets(const hp_u8* headers, hp_i64 blocks, hp_i64 n_words
     return widest <= 32 && total == n_words ? 0 : -2;
 }
 
-extern "C" {
 
 // Validates the block headers against n_words (returns -2 if they are corrupted), then unpacks and dequantizes
 // every block into out (dtype code `dtype`); part_first_words is scratch of one int64 per part of
 // HPCDL_PART_BLOCKS blocks. Returns 0, or -1 for an unknown dtype.
-int hpcdl_sz_decode(int dtype, const hp_u8* headers, hp_i64 n_words, const hp_u32* words, hp_i64 n, int mode,
+int sz_decode_dtype(int dtype, const hp_u8* headers, hp_i64 n_words, const hp_u32* words, hp_i64 n, int mode,
                     double eb, double bound, int shift, hp_i64* part_first_words, void* out) {
     if (part_word_offsets(headers, (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, n_words, part_first_words) != 0) return -2;
     HpSzParams p = {eb, 0.0, bound, shift};
@@ -150,12 +185,12 @@ int hpcdl_sz_decode(int dtype, const hp_u8* headers, hp_i64 n_words, const hp_u3
     return -1;
 }
 
-hp_u64 hpcdl_checksum(const hp_u64* words, hp_i64 n);
+hp_u64 checksum(const hp_u64* words, hp_i64 n);
 
 // Fused encoding, step 1: headers of every block into `headers`, and each part's words and outliers into
 // scratch (words: 32 per block; indices (int64 if index64, else int32) and values: one per element), with each
 // part's word and outlier counts. Returns 0, or -1 for an unknown dtype.
-int hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
+int sz_encode_dtype(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
                     int index64, hp_u8* headers, hp_u32* words, void* indices, void* values, hp_i64* part_words,
                     hp_i64* part_outliers) {
     HpSzParams p = {eb, inv, bound, shift};
@@ -177,11 +212,11 @@ int hpcdl_sz_encode(int dtype, const void* x, hp_i64 n, int mode, double eb, dou
 }
 
 // Fused encoding, step 2: the stream payload `data` (`total` bytes; sections at words_at, indices_at, values_at,
-// docs/format.md) from the headers and the parts' scratch of hpcdl_sz_encode, zero padding included.
+// docs/format.md) from the headers and the parts' scratch of sz_encode_dtype, zero padding included.
 // Returns the payload checksum.
-hp_u64 hpcdl_sz_assemble(hp_i64 n, const hp_u8* headers, const hp_u32* words, const hp_u8* indices, int index_size,
-                         const hp_u8* values, int value_size, const hp_i64* part_words, const hp_i64* part_outliers,
-                         hp_u8* data, hp_i64 words_at, hp_i64 indices_at, hp_i64 values_at, hp_i64 total) {
+hp_u64 sz_assemble(hp_i64 n, const hp_u8* headers, const hp_u32* words, const hp_u8* indices, int index_size,
+                   const hp_u8* values, int value_size, const hp_i64* part_words, const hp_i64* part_outliers,
+                   hp_u8* data, hp_i64 words_at, hp_i64 indices_at, hp_i64 values_at, hp_i64 total) {
     if (total == 0) return 0;  // an empty tensor: `data` may be NULL, which memset and memcpy must never get
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, parts = (blocks + HPCDL_PART_BLOCKS - 1) / HPCDL_PART_BLOCKS;
     memset(data, 0, (size_t)total);
@@ -196,25 +231,25 @@ hp_u64 hpcdl_sz_assemble(hp_i64 n, const hp_u8* headers, const hp_u32* words, co
         index_at += index_size * part_outliers[part];
         value_at += value_size * part_outliers[part];
     }
-    return hpcdl_checksum((const hp_u64*)data, total / 8);
+    return checksum((const hp_u64*)data, total / 8);
 }
 
 // Block headers of int32 codes (the `int` codec).
-void hpcdl_block_headers(const hp_i32* q, hp_i64 n, hp_u8* headers) {
+void block_headers(const hp_i32* q, hp_i64 n, hp_u8* headers) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
 #pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b) hp_header_block(q, n, b, headers);
 }
 
 // Packs codes into words at the blocks' word offsets (exclusive prefix sum of the widths).
-void hpcdl_pack(const hp_i32* q, hp_i64 n, const hp_u8* headers, const hp_i64* offsets, hp_u32* words) {
+void pack(const hp_i32* q, hp_i64 n, const hp_u8* headers, const hp_i64* offsets, hp_u32* words) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
 #pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b) hp_pack_block(q, n, b, headers, offsets, words);
 }
 
 // Unpacks int32 codes (the `int` codec).
-void hpcdl_unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n, hp_i32* q) {
+void unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n, hp_i32* q) {
     hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
 #pragma omp parallel for schedule(static) if (blocks >= HPCDL_PARALLEL_MIN_BLOCKS)
     for (hp_i64 b = 0; b < blocks; ++b) hp_unpack_block(headers, offsets, words, n, b, q);
@@ -222,7 +257,7 @@ void hpcdl_unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* wor
 
 // Stream checksum: sum of (2 i + 1) * mix(word[i]) over little-endian u64 words, modulo 2^64, where mix is
 // the bijective splitmix64 finalizer (docs/format.md; hpcdl/compress/sz/reference.py is the specification).
-hp_u64 hpcdl_checksum(const hp_u64* words, hp_i64 n) {
+hp_u64 checksum(const hp_u64* words, hp_i64 n) {
     hp_u64 sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
     for (hp_i64 i = 0; i < n; ++i) {
@@ -234,4 +269,8 @@ hp_u64 hpcdl_checksum(const hp_u64* words, hp_i64 n) {
     return sum;
 }
 
-}  // extern "C"
+}  // namespace
+
+extern "C" const HpHostKernels HPCDL_TABLE(HPCDL_HOST_ISA) = {
+    sz_decode_dtype, sz_encode_dtype, sz_assemble, block_headers, pack, unpack, checksum,
+};

@@ -8,6 +8,7 @@ import torch
 from hpcdl.bench.activations import natural_images, saved_activations
 from hpcdl.bench.codecs import codec_suite, format_report
 from hpcdl.cli import main
+from hpcdl.compress.sz import host
 
 ROW_FIELDS = {
     "label", "codec", "config", "status", "reason", "tensors", "original_bytes", "packed_bytes", "ratio",
@@ -31,7 +32,9 @@ def test_report_has_every_field(quick_report):
     assert report["quick"] is True and report["bounds"] == [0.1, 0.01] and report["repeats"] == 1
     assert report["machine"]["torch_threads"] == 1
     assert report["memcpy_gbps"] > 0
-    assert {"cpu_count", "torch", "torch_threads", "sz_backend", "load_average_1min"} <= set(report["machine"])
+    assert {"cpu_count", "torch", "torch_threads", "sz_backend", "sz_host_isa", "load_average_1min"} <= set(report["machine"])
+    if report["machine"]["sz_backend"] == "host":
+        assert report["machine"]["sz_host_isa"] == host.active_isa() in ("avx512", "avx2", "baseline")
     assert [w["model"] for w in report["workloads"]] == ["resnet18", "vit"]
     assert all(w["tensors"] > 0 and w["bytes"] > 0 for w in report["workloads"])
     labels = [row["label"] for row in report["results"]]
@@ -72,6 +75,7 @@ def test_table_shows_every_row_and_the_targets(quick_report):
     for row in quick_report["results"]:
         assert f"| {row['label']} |" in table
     assert "memcpy:" in table and "target sz_over_sz3_ratio at rel 0.01" in table
+    assert f"sz backend {quick_report['machine']['sz_backend']}" in table
 
 
 def test_saved_activations_drop_parameters_and_keep_each_storage_once():

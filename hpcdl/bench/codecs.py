@@ -168,7 +168,8 @@ def format_report(report: dict) -> str:
     """The report as a Markdown table plus the workloads, memcpy ceiling and sz targets."""
     lines = [
         f"activations ({'--quick' if report['quick'] else 'full'}, device {report['device']}, "
-        f"best of {report['repeats']}, {report['machine']['torch_threads']} torch threads):"
+        f"best of {report['repeats']}, {report['machine']['torch_threads']} torch threads, "
+        f"sz backend {_sz_backend(report['machine'])}):"
     ]
     for workload in report["workloads"]:
         lines.append(f"  {workload['model']} {workload['scale']} batch {workload['batch_size']}: "
@@ -286,8 +287,9 @@ def _not_run(row: dict, status: str, reason: str) -> dict:
 
 
 def _machine(device: str) -> dict:
-    from hpcdl.compress.sz import backend_module
+    from hpcdl.compress.sz import backend_module, host
 
+    backend = backend_module("auto", torch.device(device)).__name__.rsplit(".", 1)[-1]
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
@@ -295,9 +297,16 @@ def _machine(device: str) -> dict:
         "load_average_1min": os.getloadavg()[0],
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "sz_backend": backend_module("auto", torch.device(device)).__name__.rsplit(".", 1)[-1],
+        "sz_backend": backend,
+        "sz_host_isa": host.active_isa() if backend == "host" else None,
         "gpu": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None,
     }
+
+
+def _sz_backend(machine: dict) -> str:
+    """The sz kernels that ran: "host (avx512)", "cuda", "reference"."""
+    isa = machine.get("sz_host_isa")
+    return f"{machine['sz_backend']} ({isa})" if isa else machine["sz_backend"]
 
 
 def _quotient(numerator: float | None, denominator: float | None) -> float | None:

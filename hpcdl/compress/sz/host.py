@@ -8,13 +8,18 @@ tensors whose lengths were validated and whose payloads are 8-byte aligned
 (checksum.aligned_payload); the C code trusts them. HPCDL_HOST_LIBRARY=path loads another build of
 kernels/host.cpp instead (the sanitizer test uses it). ctypes releases
 the GIL during each call, and the library runs its block loops on OpenMP threads.
+
+The library holds one build of the kernels per instruction set (baseline, avx2,
+avx512 on x86-64; setup.py) and runs the best one the CPU supports, all with
+identical bytes. ``HPCDL_HOST_ISA=baseline|avx2|avx512`` forces one (an error if
+this CPU cannot run it); :func:`active_isa` names the build in use.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import c_double, c_int, c_int64, c_uint64, c_void_p
+from ctypes import c_char_p, c_double, c_int, c_int64, c_uint64, c_void_p
 from pathlib import Path
 
 import torch
@@ -25,6 +30,7 @@ from hpcdl.compress.sz.params import SzParams
 from hpcdl.compress.sz.stream import BLOCK, Layout, block_count, index_dtype
 
 PART_BLOCKS = 8192  # blocks per part of the fused encoder: HPCDL_PART_BLOCKS of kernels/host.cpp
+ISA_VARIABLE = "HPCDL_HOST_ISA"
 
 
 def _candidates() -> list[Path]:
@@ -57,12 +63,62 @@ def _load() -> ctypes.CDLL | None:
         library.hpcdl_sz_assemble.restype = c_uint64
         library.hpcdl_checksum.argtypes = [c_void_p, c_int64]
         library.hpcdl_checksum.restype = c_uint64
+        library.hpcdl_host_build.argtypes = [c_int]
+        library.hpcdl_host_build.restype = c_char_p
+        library.hpcdl_host_runs.argtypes = [c_char_p]
+        library.hpcdl_host_runs.restype = c_int
+        library.hpcdl_host_select.argtypes = [c_char_p]
+        library.hpcdl_host_select.restype = c_int
+        library.hpcdl_host_isa.argtypes = []
+        library.hpcdl_host_isa.restype = c_char_p
         return library
     return None
 
 
 LIBRARY = _load()
 AVAILABLE = LIBRARY is not None
+
+
+def built_isas() -> list[str]:
+    """The instruction sets the library has a build for, best first ([] when it is not built)."""
+    if LIBRARY is None:
+        return []
+    names, i = [], 0
+    while (name := LIBRARY.hpcdl_host_build(i)) is not None:
+        names.append(name.decode())
+        i += 1
+    return names
+
+
+def runnable_isas() -> list[str]:
+    """The builds this CPU (and its operating system) can run, best first: the first is the default."""
+    return [isa for isa in built_isas() if LIBRARY.hpcdl_host_runs(isa.encode()) == 1]
+
+
+def active_isa() -> str | None:
+    """The build every host kernel call runs ("avx512", "avx2" or "baseline"), or None when the library is not built."""
+    return LIBRARY.hpcdl_host_isa().decode() if LIBRARY is not None else None
+
+
+def select_isa(isa: str) -> None:
+    """Run the build for ``isa`` from now on; ValueError if the library has none, RuntimeError if this CPU cannot
+    run it (nothing changes then). Call it before kernels run on other threads: the choice is process-wide."""
+    if LIBRARY is None:
+        raise RuntimeError(f"cannot select the {isa!r} host kernels: the host kernel library is not built "
+                           "(pip install -e . builds it)")
+    status = LIBRARY.hpcdl_host_select(isa.encode())
+    if status == -1:
+        raise ValueError(f"the host kernel library has no {isa!r} build; use one of {built_isas()}")
+    if status == -2:
+        raise RuntimeError(f"this CPU cannot run the {isa!r} host kernels (it lacks the instructions they use); "
+                           f"it runs {runnable_isas()}")
+
+
+if os.environ.get(ISA_VARIABLE):
+    try:
+        select_isa(os.environ[ISA_VARIABLE])
+    except (ValueError, RuntimeError) as err:
+        raise type(err)(f"{ISA_VARIABLE}={os.environ[ISA_VARIABLE]}: {err}") from None
 
 
 def _ptr(tensor: torch.Tensor) -> int:
