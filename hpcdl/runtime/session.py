@@ -37,7 +37,7 @@ import torch
 
 from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
-from hpcdl.runtime.policy import Policy, policy_from_spec
+from hpcdl.runtime.policy import Policy, as_policy
 from hpcdl.runtime.stats import Row, Stats
 
 DEFAULT_THRESHOLD = 64 * 1024
@@ -344,15 +344,7 @@ def compressed(
         raise TypeError(
             f"hpcdl.compressed needs the torch.nn.Module whose forward runs inside the block, got {type(model).__name__}"
         )
-    if isinstance(policy, str):
-        policy = policy_from_spec(policy)
-    elif isinstance(policy, dict):
-        policy = Policy.static(policy)
-    elif policy is not None and not isinstance(policy, Policy):
-        raise TypeError(
-            f"policy must be a hpcdl.Policy, a method spec like 'sz:rel=1e-2', a codec config dict or None, "
-            f"got {type(policy).__name__}"
-        )
+    policy = as_policy(policy)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
         raise ValueError(f"threshold is a size in bytes >= 0 (default {DEFAULT_THRESHOLD}), got {threshold!r}")
     return Session(model, policy, threshold, bool(verify))
