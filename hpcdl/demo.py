@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcdl.train.summary import human_bytes
+from hpcdl.units import human_bytes
 
 WORKLOADS = ("climate-deeplab", "hep-jets")
 METHODS = {
@@ -59,7 +59,7 @@ def run_demo(out_dir: str | Path = "runs/demo", epochs: int = 2, steps_per_epoch
     """
     from hpcdl.data import MissingFileError, load_dataset
     from hpcdl.train import load_config, run_training
-    from hpcdl.train.config import parse_bytes
+    from hpcdl.units import parse_bytes
     from hpcdl.train.trainer import measured_batch_search
 
     rows, missing = [], {}

@@ -1,6 +1,6 @@
 """The activations a benchmark compresses: what autograd saves for backward in real models on real-looking input.
 
-:func:`saved_activations` runs one forward pass under ``torch.autograd.graph.saved_tensors_hooks`` and keeps
+:func:`saved_activations` runs one forward pass under :func:`hpcdl.runtime.observe.observe_saved` and keeps
 every saved tensor except the model's parameters and buffers (and views of them), once per storage.
 :func:`natural_images` draws images with the power-law spectrum of natural photographs and correlated
 colour channels, so that the CNN and the vision transformer see smooth, structured input rather than white noise.
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from hpcdl import models
-from hpcdl.runtime.classify import ModelStorages, kind_of
+from hpcdl.runtime.classify import kind_of, storage_key
+from hpcdl.runtime.observe import observe_saved
 
 SPECTRAL_EXPONENT = 1.25
 # (model name, scale, batch size): a ResNet-style CNN and a transformer, full size and --quick
@@ -62,17 +63,15 @@ def saved_activations(model: torch.nn.Module, inputs: torch.Tensor) -> list[torc
 
     Where a storage was saved through several views, the view with the most elements is kept.
     """
-    owned = ModelStorages(model)
-    by_storage: dict[int, torch.Tensor] = {}
+    by_storage: dict[tuple, torch.Tensor] = {}
 
-    def keep(tensor: torch.Tensor) -> torch.Tensor:
-        if kind_of(tensor) is not None and tensor.numel() > 0 and not owned.owns(tensor):
-            key = tensor.untyped_storage().data_ptr()
+    def keep(tensor: torch.Tensor, _module: str) -> None:
+        if kind_of(tensor) is not None and tensor.numel() > 0:
+            key = storage_key(tensor)
             if key not in by_storage or tensor.numel() > by_storage[key].numel():
                 by_storage[key] = tensor.detach()
-        return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+    with observe_saved(model, keep):
         model(inputs)
     return list(by_storage.values())
 

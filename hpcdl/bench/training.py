@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcdl.demo import METHODS
-from hpcdl.train.summary import human_bytes
+from hpcdl.units import human_bytes
 
 WORKLOADS = ("climate-deeplab", "hep-jets")
 DEFAULT_BUDGETS = {"climate-deeplab": "24MiB", "hep-jets": "16MiB"}
@@ -71,7 +71,7 @@ def run_training_benchmark(out_dir: str | Path = "runs/bench-training", budgets:
                            timeout: float = 1800) -> list[TrainingBenchRow]:
     """Measure every (workload, method); see the module docstring."""
     from hpcdl.train import load_config
-    from hpcdl.train.config import parse_bytes
+    from hpcdl.units import parse_bytes
     from hpcdl.train.trainer import measured_batch_search
 
     budgets = {**DEFAULT_BUDGETS, **(budgets or {})}

@@ -1,9 +1,12 @@
-"""Random data of ImageNet and DeepCAM shapes, for memory and speed runs where accuracy is not measured.
+"""Random data sets, for memory and speed runs where accuracy is not measured.
 
-Every item is drawn from a generator seeded by (seed, index), so the data are reproducible and
-any item can be read in any order without storing anything. ``info["random"]`` is True and
-``info["note"]`` says that accuracy on these data means nothing; callers should say so wherever
-they report numbers measured on them.
+Two kinds, one mechanism (:class:`SeededDataset`): :class:`RandomDataset` of ImageNet and DeepCAM
+shapes by name (``random-imagenet``...), and :class:`SyntheticDataset` of a zoo model's own input
+(``data.dataset: synthetic``, drawn by ``ModelSpec.example_batch``). Every item is drawn from a
+generator seeded by (seed, index), so the data are reproducible, every rank and epoch sees the same
+sample at the same index, and any item can be read in any order without storing anything. Labels
+are random: a model can only memorise them. ``info["random"]`` is True and ``info["note"]`` says
+that accuracy on these data means nothing; callers should say so wherever they report numbers.
 """
 
 from __future__ import annotations
@@ -19,7 +22,25 @@ RANDOM_DATASETS: dict[str, tuple[str, int, tuple[int, ...]]] = {
 }
 
 
-class RandomDataset(torch.utils.data.Dataset):
+class SeededDataset(torch.utils.data.Dataset):
+    """``length`` items, item ``i`` drawn by :meth:`draw` from a generator seeded by (seed, i)."""
+
+    length: int
+    seed: int
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, item: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= item < self.length:
+            raise IndexError(f"item {item} out of range for {self.length} samples")
+        return self.draw(torch.Generator().manual_seed(self.seed * 1_000_003 + item))
+
+    def draw(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class RandomDataset(SeededDataset):
     """``length`` random (x, y) pairs: x standard normal float32, y uniform classes (int64)."""
 
     def __init__(self, name: str, task: str, num_classes: int, shape: tuple[int, ...], length: int, seed: int) -> None:
@@ -33,16 +54,31 @@ class RandomDataset(torch.utils.data.Dataset):
                      "note": f"random data of {name.removeprefix('random-')} shape: for memory and speed runs only; "
                              "accuracy on it is meaningless"}
 
-    def __len__(self) -> int:
+    def draw(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(self.shape, generator=generator)
+        y_shape = self.shape[1:] if self.segmentation else ()
+        return x, torch.randint(self.num_classes, y_shape, generator=generator)
+
+
+class SyntheticDataset(SeededDataset):
+    """``size`` random samples of zoo model ``spec``'s input at ``scale`` (``data.dataset: synthetic``)."""
+
+    def __init__(self, spec, scale: str, size: int, seed: int):
+        if size < 1:
+            raise ValueError(f"a synthetic dataset needs at least 1 sample, got {size}")
+        self.spec, self.scale, self.length, self.seed = spec, scale, size, seed
+        source = f"synthetic:{spec.name}:{scale}"
+        self.info = {"task": spec.task, "num_classes": spec.num_classes, "input_shape": spec.input_shape(scale),
+                     "class_names": None, "source": source, "random": True,
+                     "note": f"random {source} samples: for memory and speed runs only; accuracy on it is meaningless"}
+
+    @property
+    def size(self) -> int:
         return self.length
 
-    def __getitem__(self, item: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= item < self.length:
-            raise IndexError(f"item {item} out of range for {self.length} samples")
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + item)
-        x = torch.randn(self.shape, generator=gen)
-        y_shape = self.shape[1:] if self.segmentation else ()
-        return x, torch.randint(self.num_classes, y_shape, generator=gen)
+    def draw(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.spec.example_batch(self.scale, 1, generator)
+        return x[0], y[0]
 
 
 def random_dataset(name: str, length: int = 1024, seed: int = 0, shape: tuple[int, ...] | None = None):

@@ -1,6 +1,6 @@
 """Measure the activation memory of a training step: what autograd saves for backward.
 
-Runs one real forward and backward with ``torch.autograd.graph.saved_tensors_hooks``
+Runs one real forward and backward under :func:`hpcdl.runtime.observe.observe_saved`
 and records every tensor autograd saves, except the model's own parameters and
 buffers (recognised by storage, so views of a parameter count as the parameter).
 These saved tensors are exactly what hpcdl's activation compression replaces, so the
@@ -19,13 +19,14 @@ different tensors where cuDNN or the attention kernels differ; measure with
 from __future__ import annotations
 
 import contextlib
-import itertools
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from hpcdl.models.registry import spec
+from hpcdl.runtime.classify import storage_key
+from hpcdl.runtime.observe import observe_saved
 
 
 @dataclass(frozen=True)
@@ -42,28 +43,18 @@ class SavedBytes:
     tensors: int
 
 
-def _storage_key(tensor: torch.Tensor) -> int:
-    # The address of the storage object: unique among live storages on every device,
-    # including meta, where data pointers are all zero.
-    return tensor.untyped_storage()._cdata
-
-
 def saved_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, loss_fn) -> SavedBytes:
     """Run ``loss_fn(model(inputs), targets).backward()`` once and count what autograd saved in between."""
-    excluded = {_storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
-    storages: dict[int, int] = {}
+    storages: dict[tuple, int] = {}
     total = tensors = 0
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def count(tensor: torch.Tensor, _module: str) -> None:
         nonlocal total, tensors
-        key = _storage_key(tensor)
-        if key not in excluded:
-            storages[key] = tensor.untyped_storage().nbytes()
-            total += tensor.numel() * tensor.element_size()
-            tensors += 1
-        return tensor
+        storages[storage_key(tensor)] = tensor.untyped_storage().nbytes()
+        total += tensor.numel() * tensor.element_size()
+        tensors += 1
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with observe_saved(model, count):
         loss = loss_fn(model(inputs), targets)
     loss.backward()
     return SavedBytes(unique=sum(storages.values()), total=total, tensors=tensors)

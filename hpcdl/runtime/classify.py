@@ -148,16 +148,21 @@ def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def storage_key(tensor: torch.Tensor) -> tuple[str, int]:
+    """Which storage ``tensor`` views: equal for every view of one storage, unique among live storages.
+
+    The address of the storage object (``_cdata``), not of its data: meta and fake tensors have
+    no data address (fake tensors warn when asked) and empty storages share address zero.
+    """
+    return str(tensor.device), tensor.untyped_storage()._cdata
+
+
 class ModelStorages:
     """The storages of a model's parameters and buffers, to recognise them (and views of them) when saved."""
 
     def __init__(self, model: torch.nn.Module):
         tensors = [*model.parameters(), *model.buffers()]
-        self.pointers = {self._key(t) for t in tensors if t.numel() > 0}
-
-    @staticmethod
-    def _key(tensor: torch.Tensor) -> tuple[str, int]:
-        return str(tensor.device), tensor.untyped_storage().data_ptr()
+        self.pointers = {storage_key(t) for t in tensors if t.numel() > 0}
 
     def owns(self, tensor: torch.Tensor) -> bool:
-        return self._key(tensor) in self.pointers
+        return storage_key(tensor) in self.pointers

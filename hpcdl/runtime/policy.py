@@ -254,3 +254,19 @@ def policy_from_spec(spec: str, **routing) -> Policy | None:
     """A static :class:`Policy` from a method spec; ``"none"`` gives None (no compression)."""
     config = config_from_spec(spec)
     return None if config is None else Policy.static(config, **routing)
+
+
+def as_policy(policy: "Policy | str | dict | None") -> Policy | None:
+    """A :class:`Policy` (or None: nothing compressed) from a Policy, a method spec, a codec config dict or None.
+
+    The one place that turns what users pass as ``policy=`` into a Policy; the session, the
+    activation methods and :mod:`hpcdl.memory` all call it.
+    """
+    if policy is None or isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        return policy_from_spec(policy)
+    if isinstance(policy, dict):
+        return Policy.static(policy)
+    raise TypeError(f"policy must be a hpcdl.Policy, a method spec like 'sz:rel=1e-2', a codec config dict or None, "
+                    f"got {type(policy).__name__}")

@@ -37,12 +37,11 @@ import torch
 
 from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
-from hpcdl.runtime.policy import Policy, policy_from_spec
+from hpcdl.runtime.observe import ModuleTracker
+from hpcdl.runtime.policy import Policy, as_policy
 from hpcdl.runtime.stats import Row, Stats
 
 DEFAULT_THRESHOLD = 64 * 1024
-OUTSIDE = "(outside)"
-ROOT = "(model)"
 
 _active = threading.local()
 
@@ -171,8 +170,7 @@ class Session:
         self.stats = Stats()
         self._entries: weakref.WeakSet[_Entry] = weakref.WeakSet()
         self._by_storage: dict[tuple, list[weakref.ref]] = {}
-        self._module_stack: list[str] = []
-        self._handles: list = []
+        self._modules: ModuleTracker | None = None
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._state = "new"
@@ -187,10 +185,7 @@ class Session:
                 "(to compress parts of a model differently, use one session with Policy.per_module)"
             )
         self._storages = ModelStorages(self.model)
-        for name, module in self.model.named_modules():
-            label = name or ROOT
-            self._handles.append(module.register_forward_pre_hook(self._enter_module(label)))
-            self._handles.append(module.register_forward_hook(self._leave_module(label), always_call=True))
+        self._modules = ModuleTracker(self.model).__enter__()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         _active.session = self
@@ -200,24 +195,11 @@ class Session:
     def __exit__(self, *exc) -> None:
         _active.session = None
         self._hooks.__exit__(*exc)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._modules.__exit__(*exc)
         self._by_storage.clear()
         self._state = "closed"
         if self.policy is not None:
             self.policy.step += 1
-
-    def _enter_module(self, label: str):
-        def hook(module, args):
-            self._module_stack.append(label)
-        return hook
-
-    def _leave_module(self, label: str):
-        def hook(module, args, output):
-            if self._module_stack and self._module_stack[-1] == label:
-                self._module_stack.pop()
-        return hook
 
     # -- what the session holds -----------------------------------------------------------------------------
     @property
@@ -242,7 +224,7 @@ class Session:
         kind = kind_of(tensor)
         if kind is None:
             return tensor
-        module = self._module_stack[-1] if self._module_stack else OUTSIDE
+        module = self._modules.current
         if self._storages.owns(tensor):
             self.stats.row(module, "parameter").count += 1
             return tensor
@@ -344,15 +326,7 @@ def compressed(
         raise TypeError(
             f"hpcdl.compressed needs the torch.nn.Module whose forward runs inside the block, got {type(model).__name__}"
         )
-    if isinstance(policy, str):
-        policy = policy_from_spec(policy)
-    elif isinstance(policy, dict):
-        policy = Policy.static(policy)
-    elif policy is not None and not isinstance(policy, Policy):
-        raise TypeError(
-            f"policy must be a hpcdl.Policy, a method spec like 'sz:rel=1e-2', a codec config dict or None, "
-            f"got {type(policy).__name__}"
-        )
+    policy = as_policy(policy)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
         raise ValueError(f"threshold is a size in bytes >= 0 (default {DEFAULT_THRESHOLD}), got {threshold!r}")
     return Session(model, policy, threshold, bool(verify))

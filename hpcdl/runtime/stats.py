@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, fields
 
+from hpcdl.units import human_bytes
+
 
 @dataclass
 class Row:
@@ -94,12 +96,3 @@ class Stats:
             "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
             for line in cells
         )
-
-
-def human_bytes(nbytes: float) -> str:
-    """A byte count in binary units: ``"512 B"``, ``"1.5 MiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")

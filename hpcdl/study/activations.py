@@ -1,6 +1,6 @@
 """What the activations autograd saves look like, per module: the data behind the distribution plot.
 
-One forward pass of a model on a real batch, under ``torch.autograd.graph.saved_tensors_hooks``,
+One forward pass of a model on a real batch, under :func:`hpcdl.runtime.observe.observe_saved`,
 records for each module the floating-point tensors saved for backward (parameters and buffers
 excluded, each storage counted once): element count, bytes, fraction of exact zeros, range, mean,
 standard deviation and quantiles. Error-bounded compressors do well on smooth, narrow-range or
@@ -13,6 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hpcdl.runtime.classify import storage_key
+from hpcdl.runtime.observe import observe_saved
+
 QUANTILES = (0.001, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 0.999)
 # Values per module kept for the quantiles (torch.quantile takes at most 16M elements).
 SAMPLE_LIMIT = 1 << 20
@@ -22,40 +25,23 @@ def capture_activation_stats(model: nn.Module, inputs: torch.Tensor) -> dict[str
     """Run ``model(inputs)`` once (training mode, gradients on) and summarise what it saves, by module name."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"capture_activation_stats takes an nn.Module, got {type(model).__name__}")
-    excluded = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
-    seen_storages: set[int] = set()
-    stack: list[str] = []
+    seen_storages: set[tuple] = set()
     saved: dict[str, list[torch.Tensor]] = {}
 
-    def pack(tensor: torch.Tensor):
+    def keep(tensor: torch.Tensor, module: str) -> None:
         if tensor.is_floating_point() and tensor.numel() > 0:
-            storage = tensor.untyped_storage().data_ptr()
-            if storage not in excluded and storage not in seen_storages:
+            storage = storage_key(tensor)
+            if storage not in seen_storages:
                 seen_storages.add(storage)
-                saved.setdefault(stack[-1] if stack else "(model)", []).append(tensor.detach().clone())
-        return tensor
+                saved.setdefault(module, []).append(tensor.detach().clone())
 
-    def enter(label: str):
-        def hook(_module, _args) -> None:
-            stack.append(label)
-        return hook
-
-    def leave(_module, _args, _output) -> None:
-        stack.pop()
-
-    handles = []
-    for name, module in model.named_modules():
-        handles.append(module.register_forward_pre_hook(enter(name or "(model)")))
-        handles.append(module.register_forward_hook(leave))
     was_training = model.training
     model.train()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with observe_saved(model, keep):
             model(inputs)
     finally:
         model.train(was_training)
-        for handle in handles:
-            handle.remove()
     return {name: summarise(tensors) for name, tensors in saved.items()}
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hpcdl.study.methods import Method, parse_methods, yaml_scalar
 from hpcdl.study.results import append_record, read_results, result_files
+from hpcdl.memory.allocator import return_freed_memory_to_os
 from hpcdl.train.distributed import detect_world
 
 RECORD_VERSION = 1
@@ -237,16 +238,16 @@ def activation_stats_record(run: RunSpec) -> dict:
 
     import hpcdl.models
     from hpcdl.study.activations import capture_activation_stats
-    from hpcdl.train.trainer import _datasets, _model_options
+    from hpcdl.train.inputs import datasets, model_options
 
     record = {"kind": "activation_stats", "record_version": RECORD_VERSION, "model": run.model, "scale": run.scale,
               "seed": run.seed}
     try:
         config = _resolve_config(run)
         spec = hpcdl.models.spec(run.model)
-        train_set, _ = _datasets(config, spec)
+        train_set, _ = datasets(config, spec)
         torch.manual_seed(run.seed)
-        model = spec.build(run.scale, **_model_options(config, spec, train_set))
+        model = spec.build(run.scale, **model_options(config, spec, train_set))
         count = min(len(train_set), STATS_BATCH)
         inputs = torch.stack([train_set[index][0] for index in range(count)])
         record.update(samples=count, dataset=config["data"]["dataset"] or spec.default_dataset,
@@ -263,18 +264,18 @@ def step_peak_record(run: RunSpec, record: dict, process) -> dict:
     import hpcdl.models
     from hpcdl import memory
     from hpcdl.study.steppeak import step_setup
-    from hpcdl.train.trainer import _datasets
+    from hpcdl.train.inputs import datasets
 
     peak = {"kind": "step_peak", "record_version": RECORD_VERSION, "key": run.key, "model": run.model,
             "scale": run.scale, "method": run.method.spec, "method_kind": run.method.kind, "seed": run.seed,
             "per_device_batch": record["per_device_batch"]}
     try:
         config = record["config"]
-        train_set, _ = _datasets(config, hpcdl.models.spec(run.model))
+        train_set, _ = datasets(config, hpcdl.models.spec(run.model))
         samples = [train_set[index] for index in range(min(len(train_set), record["per_device_batch"]))]
         batch = (torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples]))
         device = "cuda" if record["device"]["type"] == "cuda" else "cpu"
-        setup = step_setup(config, run.method, record["model_options"], batch, device)
+        setup = step_setup(config, record["model_options"], batch, device, record["batch_size"])
         report = memory.peak(setup, process=process) if device == "cpu" else memory.peak(setup)
         peak.update(peak_bytes=report.peak_bytes, peak_kind=report.method, device=report.device,
                     activation_original_bytes=report.info.get("activation_original_bytes"),
@@ -345,29 +346,6 @@ def execute(run: RunSpec, out: Path, progress: bool = True) -> dict:
         model_options=result.model_options,
     )
     return record
-
-
-M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-MMAP_THRESHOLD_BYTES = 64 * 1024
-
-
-def return_freed_memory_to_os() -> bool:
-    """Make glibc give freed tensor memory back to the OS, so each run's peak-RSS delta is its own.
-
-    The trainer measures CPU peak memory as peak RSS minus RSS before the first step. Runs follow
-    each other in this process; without this, glibc keeps a finished run's freed blocks and the next
-    run reuses them without RSS growing, so its peak reads near zero. A fixed mmap threshold puts
-    every block above 64 KiB in its own mapping (unmapped on free) and malloc_trim releases the rest.
-    Returns False where this is not glibc; the record says so, since its CPU peaks may then read low.
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and libc.malloc_trim(0) >= 0
-    except (OSError, AttributeError):
-        return False
 
 
 def run_sweep(runs: list[RunSpec], out: str | os.PathLike, progress: bool = True, retry_failed: bool = False,

@@ -24,8 +24,9 @@ from typing import Any, Callable
 
 import yaml
 
+from hpcdl.units import parse_bytes
+
 _MISSING = object()
-MAX_BYTES = 2**63
 # Integer keys end up in C longs (torch seeds, tensor sizes, loops); larger ones are typos, not settings.
 MAX_INT = 2**63 - 1
 # A run name becomes one path component of the run directory (``<out_dir>/<name>-<timestamp>``) and a glob
@@ -53,32 +54,13 @@ class Field:
         return self.default is _MISSING
 
 
-def _parse_bytes(text: str) -> int:
-    """``"4GiB"``, ``"512 MB"``, ``"1e9"`` -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGT]i?B|B)?\s*", text)
-    if not match:
-        raise ValueError(f"{text!r} is not a size; write e.g. 4GiB, 512MiB, 2GB or a number of bytes")
-    number, unit = float(match.group(1)), (match.group(2) or "B")
-    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
-    return _finite_bytes(number * scale, text)
+#: ``compression.method`` values: one method, or checkpointing combined with the one saved-tensor hook method.
+COMPRESSION_METHODS = ("none", "codec", "checkpoint", "offload", "checkpoint+codec", "checkpoint+offload")
 
 
-def _finite_bytes(number: float, given: Any) -> int:
-    """``number`` as whole bytes; inf/NaN/beyond 2**63 (``1e400``) is a ValueError, not an OverflowError."""
-    if not math.isfinite(number) or abs(number) >= MAX_BYTES:
-        raise ValueError(f"a memory size must be a finite number of bytes below 2**63, got {given!r}")
-    return int(number)
-
-
-def parse_bytes(value: int | float | str) -> int:
-    """A memory size given as a number of bytes or a string with a unit (``"4GiB"``) -> bytes (> 0)."""
-    if isinstance(value, bool):
-        raise TypeError(f"a memory size is a number of bytes or a string like '4GiB', got {value!r}")
-    size = _parse_bytes(value) if isinstance(value, str) else _finite_bytes(value, value)
-    if size <= 0:
-        raise ValueError(f"a memory size must be > 0 bytes, got {value!r}")
-    return size
+def method_parts(compression: dict) -> tuple[str, ...]:
+    """The methods a resolved ``compression`` section combines: ``checkpoint+codec`` -> (checkpoint, codec)."""
+    return tuple(compression["method"].split("+"))
 
 
 SCHEMA: dict[str, Any] = {
@@ -125,7 +107,8 @@ SCHEMA: dict[str, Any] = {
         "min_lr_fraction": Field("float", 0.0, minimum=0.0, maximum=1.0, help="cosine floor as a fraction of lr"),
     },
     "compression": {
-        "method": Field("str", "none", choices=("none", "codec", "checkpoint", "offload")),
+        "method": Field("str", "none", choices=COMPRESSION_METHODS,
+                        help="what autograd keeps for backward; checkpoint+X checkpoints the blocks and applies X"),
         "id": Field("str", "sz", help="codec id for method: codec"),
         "mode": Field("str", None, nullable=True, choices=("abs", "rel", "pw_rel")),
         "bound": Field("float", None, nullable=True, minimum=0.0),
@@ -263,13 +246,13 @@ def _check_cross_fields(config: dict) -> None:
     betas = optimizer["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
         raise ConfigError(f"config key 'optimizer.betas' must be two numbers in [0, 1), got {betas!r}")
-    if compression["method"] == "codec":
+    if "codec" in method_parts(compression):
         for pattern, codec in compression["per_module"].items():
             if not isinstance(codec, dict) or "id" not in codec:
                 raise ConfigError(f"config key 'compression.per_module.{pattern}' must be a codec config with an "
                                   f"'id', like {{id: sz, mode: rel, bound: 1e-2}}; got {codec!r}")
     elif compression["per_module"]:
-        raise ConfigError("config key 'compression.per_module' applies only to compression.method: codec, "
+        raise ConfigError("config key 'compression.per_module' applies only to compression.method: codec (or checkpoint+codec), "
                           f"not {compression['method']!r}")
 
 

@@ -10,6 +10,7 @@ does not ship them.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -129,6 +130,11 @@ def build_optimizer(parameters, optimizer_config: dict, global_batch: int) -> Op
         return LARS(parameters, lr=lr, momentum=optimizer_config["momentum"], weight_decay=wd,
                     trust_coefficient=optimizer_config["trust_coefficient"])
     raise ValueError(f"unknown optimizer {name!r}; use one of sgd, adamw, lamb, lars")
+
+
+def optimizer_factory(optimizer_config: dict, global_batch: int):
+    """A picklable ``parameters -> Optimizer`` of :func:`build_optimizer`, for a step measured in another process."""
+    return functools.partial(build_optimizer, optimizer_config=dict(optimizer_config), global_batch=global_batch)
 
 
 class WarmupSchedule:

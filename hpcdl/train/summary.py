@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcdl.runtime.stats import human_bytes
+from hpcdl.units import human_bytes
 
 __all__ = ["format_summary", "human_bytes"]
 

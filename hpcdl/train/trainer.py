@@ -4,7 +4,8 @@ One process per rank. The global batch ``train.batch`` is split evenly over
 the ranks, each rank reads its strided share of one global, seeded sample
 order, and the backend averages gradients, so a run on N ranks takes the same
 optimizer steps as one rank on the same global batch. Per step, the forward
-runs under the configured activation method:
+runs under the configured activation method (an object of
+:mod:`hpcdl.runtime.methods`, built by :func:`hpcdl.train.activation.activation_method`):
 
 - ``none``: plain autograd (the baseline);
 - ``codec``: inside ``hpcdl.compressed(model, policy)``, which compresses what
@@ -12,7 +13,12 @@ runs under the configured activation method:
 - ``checkpoint``: each of the model's blocks (``ModelSpec.blocks``) recomputed
   in backward (``torch.utils.checkpoint``, non-reentrant);
 - ``offload``: saved tensors moved to pinned host memory
-  (``torch.autograd.graph.save_on_cpu``), CUDA only.
+  (``torch.autograd.graph.save_on_cpu``), CUDA only;
+- ``checkpoint+codec``, ``checkpoint+offload``: the blocks checkpointed, and what
+  the checkpointed model still saves (block inputs, the rest) compressed or offloaded.
+
+The step itself is :func:`hpcdl.runtime.methods.train_step`, the same function
+the batch search (:mod:`hpcdl.memory`) measures, with this run's optimizer.
 
 Every step is seeded from (seed, step, rank), so a run resumed from a
 checkpoint replays exactly the random numbers (dropout masks) the
@@ -21,7 +27,6 @@ uninterrupted run would have drawn.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import sys
@@ -30,14 +35,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.utils.checkpoint
 from torch.utils.data import DataLoader, Subset
 
+from hpcdl.runtime import methods
 from hpcdl.train import checkpoint as ckpt
-from hpcdl.train.config import check_run_name, codec_config, load_config
+from hpcdl.memory.peak import PeakMemory
+from hpcdl.train.activation import activation_method, compression_policy, method_name
+from hpcdl.train.config import check_run_name, load_config
 from hpcdl.train.evaluate import ValidationSums
-from hpcdl.train.optim import build_optimizer, build_scheduler
-from hpcdl.train.peak import PeakMemory
+from hpcdl.train.inputs import datasets, model_options
+from hpcdl.train.optim import build_optimizer, build_scheduler, optimizer_factory
 from hpcdl.train.runlog import RunLog, latest_run_dir, new_run_dir
 
 
@@ -78,90 +85,21 @@ def _seed_step(seed: int, step: int, rank: int) -> None:
     torch.manual_seed((seed * 1_000_003 + step) * 1_009 + rank)
 
 
-def _method_name(compression: dict) -> str:
-    if compression["method"] != "codec":
-        return compression["method"]
-    from hpcdl.runtime.policy import spec_from_config
-
-    return f"codec:{spec_from_config(codec_config(compression))}"
-
-
-def compression_policy(compression: dict):
-    """The runtime Policy that ``compression.method: codec`` names (per-module globs over a default); else None."""
-    if compression["method"] != "codec":
-        return None
-    from hpcdl.runtime.policy import Policy
-
-    default = codec_config(compression)
-    if compression["per_module"]:
-        return Policy.per_module(compression["per_module"], default=default)
-    return Policy.static(default)
-
-
-def _session_kwargs(compression: dict) -> dict:
-    return {} if compression["min_bytes"] is None else {"threshold": compression["min_bytes"]}
-
-
-def _wrap_blocks_in_checkpoint(blocks: list[torch.nn.Module]) -> None:
-    """Make each block recompute its forward in backward instead of saving its activations."""
-    for block in blocks:
-        forward = block.forward
-
-        def recomputed(*args, _forward=forward, **kwargs):
-            return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False, **kwargs)
-
-        block.forward = recomputed
-
-
-def _datasets(config: dict, spec):
-    """(train, val) datasets: a named/path dataset, or synthetic batches of the model's input shape."""
-    data = config["data"]
-    name = data["dataset"] or spec.default_dataset
-    if name is None:
-        raise ValueError(f"model {spec.name!r} has no default dataset; set data.dataset to a dataset name or path, "
-                         "or to 'synthetic' for random batches (memory and speed only)")
-    from hpcdl.data import RANDOM_DATASETS, load_dataset
-
-    if name == "synthetic" or name in RANDOM_DATASETS:
-        # Random data has no split: the validation set is drawn from the next seed.
-        size, seed = data["synthetic_samples"], config["train"]["seed"]
-        val_size = max(1, int(size * data["val_fraction"]))
-        if name == "synthetic":
-            from hpcdl.train.synthetic import SyntheticDataset
-
-            scale = config["model"]["scale"]
-            return SyntheticDataset(spec, scale, size, seed), SyntheticDataset(spec, scale, val_size, seed + 1)
-        return load_dataset(name, length=size, seed=seed), load_dataset(name, length=val_size, seed=seed + 1)
-    options = {"val_fraction": data["val_fraction"]}
-    if data["features"] is not None:
-        options["features"] = data["features"]
-    return (load_dataset(name, split="train", **options), load_dataset(name, split="val", **options))
-
-
-def _model_options(config: dict, spec, train_set) -> dict:
-    """Constructor overrides: the configured ones, plus the data's channel count for the climate model."""
-    options = dict(config["model"]["options"])
-    info = getattr(train_set, "info", None) or {}
-    shape = info.get("input_shape")
-    if shape and spec.task == "segmentation" and "in_channels" not in options:
-        options["in_channels"] = int(shape[0])
-    return options
-
-
 def measured_batch_search(config: dict, model_options: dict, budget_bytes: int, device: str = "cpu"):
-    """The largest per-device batch of this config's model and compression whose measured step peak fits.
+    """The largest per-device batch of this config's model and method whose measured step peak fits.
 
+    Each probe measures :func:`hpcdl.runtime.methods.train_step` under this config's activation
+    method with this config's optimizer (rebuilt in the measuring process from the ``optimizer``
+    section; its learning rate is taken at ``optimizer.base_batch``, which changes no memory).
     Returns :class:`hpcdl.memory.BatchSearch` (batch size, its peak, every probe).
     """
     from hpcdl import memory
 
-    compression = config["compression"]
-    if compression["method"] not in ("none", "codec"):
-        raise ValueError(f"the batch search measures the baseline and codec compression; for "
-                         f"compression.method {compression['method']!r} give train.batch as a number")
+    optimizer = config["optimizer"]
     workload = (config["model"]["name"], config["model"]["scale"], model_options)
-    return memory.search_batch(workload, compression_policy(compression), budget_bytes, device=device,
-                               seed=config["train"]["seed"], **_session_kwargs(compression))
+    return memory.search_batch(workload, None, budget_bytes, device=device, seed=config["train"]["seed"],
+                               method=activation_method(config["compression"]),
+                               optimizer=optimizer_factory(optimizer, optimizer["base_batch"]))
 
 
 def _auto_batch(config: dict, model_options: dict, backend):
@@ -215,8 +153,8 @@ class _Run:
         self.spec = models.spec(config["model"]["name"])
         scale = config["model"]["scale"]
         self.spec.scale(scale)  # unknown scale: the registry's error, before any data is read
-        self.train_set, self.val_set = _datasets(config, self.spec)
-        self.model_options = options = _model_options(config, self.spec, self.train_set)
+        self.train_set, self.val_set = datasets(config, self.spec)
+        self.model_options = options = model_options(config, self.spec, self.train_set)
 
         batch, self.batch_search = config["train"]["batch"], None
         if batch == "auto":
@@ -230,13 +168,10 @@ class _Run:
         torch.manual_seed(config["train"]["seed"])  # same initial weights on every rank and for every method
         self.model = self.spec.build(scale, **options).to(self.backend.device)
         compression = config["compression"]
-        self.method = _method_name(compression)
-        if compression["method"] == "checkpoint":
-            _wrap_blocks_in_checkpoint(self.spec.blocks(self.model))
-        if compression["method"] == "offload" and self.backend.device.type != "cuda":
-            raise ValueError("compression.method: offload moves saved activations from GPU to pinned host memory "
-                             "and needs CUDA; on a CPU use none, codec or checkpoint")
+        self.method = method_name(compression)
         self.policy = compression_policy(compression)
+        self.activation = activation_method(compression, self.spec.blocks, self.policy)
+        self.activation.prepare(self.model)
 
         self.loader = ShardedLoader(self.train_set, self.per_device, rank=rank, world_size=size,
                                     seed=config["train"]["seed"], shuffle=True, drop_last=True)
@@ -311,33 +246,16 @@ class _Run:
             ckpt.save_checkpoint(self.run_dir / "checkpoints", self.step, self._state(),
                                  keep=self.config["checkpoint"]["keep"])
 
-    def _forward_loss(self, x, y, stats):
-        method = self.config["compression"]["method"]
-        if method == "codec":
-            from hpcdl.runtime.session import compressed
-
-            with compressed(self.model, self.policy, **_session_kwargs(self.config["compression"])) as session:
-                loss = self.spec.loss(self.ddp_model(x), y)
-            for key, row in session.stats.rows.items():
-                stats.rows[key].add(row)
-            return loss
-        context = torch.autograd.graph.save_on_cpu(pin_memory=True) if method == "offload" \
-            else contextlib.nullcontext()
-        with context:
-            return self.spec.loss(self.ddp_model(x), y)
-
     def _train_step(self, x, y, stats) -> float:
         device = self.backend.device
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         _seed_step(self.config["train"]["seed"], self.step, self.backend.rank)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self._forward_loss(x, y, stats)
-        loss.backward()
-        if self.policy is not None:
-            self.policy.record_gradients(self.model)
-        self.optimizer.step()
-        self.scheduler.step()
-        value = loss.item()
+        result = methods.train_step(self.model, self.activation, x, y, self.spec.loss, self.optimizer,
+                                    forward=self.ddp_model, scheduler=self.scheduler)
+        if result.stats is not None:
+            for key, row in result.stats.rows.items():
+                stats.rows[key].add(row)
+        value = result.loss.item()
         if not math.isfinite(value):
             raise FloatingPointError(f"training loss became {value} at step {self.step}; lower optimizer.lr or "
                                      "check the data")

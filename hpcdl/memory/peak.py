@@ -1,0 +1,106 @@
+"""Peak memory: the one mechanism behind a run's peak and a single step's peak.
+
+* On CUDA: ``torch.cuda.max_memory_allocated`` after a reset, minus what was
+  allocated at the reset (the caching allocator's view of tensors, which is what
+  limits the batch).
+* On the CPU: the peak resident set size (``VmHWM``, reset to the current size
+  through ``/proc/self/clear_refs``) minus the resident size at the reset. With
+  glibc's allocator tuned (:mod:`hpcdl.memory.allocator`) freed tensors go back to
+  the system, so resident memory follows live tensors.
+
+:class:`PeakMemory` is the tracker (start, then read); the trainer keeps one over
+its whole run (it then also counts the data loader's buffers and allocator slack:
+an upper bound on the step's own tensors), and :func:`measure_step` uses one
+around a single warmed-up step, which :func:`hpcdl.memory.peak` runs in a clean
+subprocess when a tight number is wanted.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def status_bytes(field_name: str) -> int:
+    """A size line of ``/proc/self/status`` (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {field_name} line")
+
+
+class PeakMemory:
+    """Start before what is measured; :meth:`bytes` is the peak above the start since then.
+
+    On a CPU without ``/proc/self/clear_refs`` (not Linux, or not writable) the peak is unknown:
+    with ``strict`` :meth:`start` raises, otherwise :attr:`available` is False and :meth:`bytes` is 0
+    (a run reports 0 rather than a wrong number).
+    """
+
+    def __init__(self, device: torch.device | str, strict: bool = False):
+        self.device = torch.device(device)
+        self.strict = strict
+        self.baseline = 0
+        self.available = True
+
+    @property
+    def kind(self) -> str:
+        return "cuda_max_allocated" if self.device.type == "cuda" else "cpu_peak_rss"
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # "5" resets VmHWM to the current RSS
+            self.baseline = status_bytes("VmRSS")
+        except OSError as err:
+            if self.strict:
+                raise RuntimeError(f"measuring a CPU peak needs Linux's /proc/self/clear_refs to reset the peak RSS "
+                                   f"({err}); measure on a Linux host, or on CUDA") from err
+            self.available = False
+
+    def bytes(self) -> int:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) - self.baseline
+        if not self.available:
+            return 0
+        return max(status_bytes("VmHWM") - self.baseline, 0)
+
+
+@dataclass(frozen=True)
+class PeakReport:
+    """A step's own peak memory (``peak_bytes``) and what the step reported (activation byte counts)."""
+
+    peak_bytes: int
+    before_bytes: int
+    device: str
+    method: str
+    info: dict = field(default_factory=dict)
+
+    @property
+    def activation_ratio(self) -> float:
+        packed = self.info.get("activation_packed_bytes", 0)
+        return self.info.get("activation_original_bytes", 0) / packed if packed else 1.0
+
+
+def measure_step(setup: Callable, device: torch.device) -> PeakReport:
+    """Set up, run one warm-up step, then measure one step in this process."""
+    step = setup()
+    step()
+    gc.collect()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    tracker = PeakMemory(device, strict=True)
+    tracker.start()
+    info = step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    return PeakReport(tracker.bytes(), tracker.baseline, str(device) if cuda else "cpu",
+                      tracker.kind, info or {})

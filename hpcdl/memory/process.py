@@ -1,0 +1,124 @@
+"""Measuring a step's peak: here on CUDA, in a fresh, allocator-tuned Python process on the CPU.
+
+The child process starts with :func:`hpcdl.memory.allocator.child_env`, reads pickled setups
+(e.g. :class:`hpcdl.memory.step.TrainStep`) from its stdin, measures each with
+:func:`hpcdl.memory.peak.measure_step` (one warm-up step, then the measured one) and writes the
+pickled :class:`~hpcdl.memory.peak.PeakReport` back.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import traceback
+from typing import Callable
+
+import torch
+
+from hpcdl.memory.allocator import child_env
+from hpcdl.memory.peak import PeakReport, measure_step
+from hpcdl.memory.step import TrainStep
+
+
+class MeasuringProcess:
+    """A fresh Python process that measures the steps sent to it (pickles over its stdin and stdout).
+
+    Each measurement builds its own state and resets the high-water mark, so one process can serve many; pass it
+    as ``process=`` to :func:`peak` and :func:`hpcdl.memory.search_batch` to pay for starting Python and torch once.
+    """
+
+    def __init__(self, threads: int | None = None):
+        env = {**os.environ, **child_env(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        threads = threads or torch.get_num_threads()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", f"import hpcdl.memory.process as m; m.serve({int(threads)})"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        )
+
+    def peak(self, setup: Callable) -> PeakReport:
+        payload = pickle.dumps(setup)
+        try:
+            self.process.stdin.write(struct.pack("<Q", len(payload)) + payload)
+            self.process.stdin.flush()
+            reply = _read_frame(self.process.stdout)
+        except (BrokenPipeError, EOFError):
+            code = self.process.wait()
+            raise RuntimeError(f"the measuring process died (exit status {code}); see its stderr above") from None
+        status, value = pickle.loads(reply)
+        if status == "error":
+            kind, message, trace = value
+            error = {"ValueError": ValueError, "TypeError": TypeError}.get(kind, RuntimeError)
+            raise error(f"{message}\n(in the measuring process:)\n{trace}" if error is RuntimeError else message)
+        return value
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+        self.process.stdout.close()  # else a ResourceWarning at garbage collection (an error under pytest)
+
+    def __enter__(self) -> "MeasuringProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _read_frame(stream) -> bytes:
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError
+    (size,) = struct.unpack("<Q", head)
+    body = stream.read(size)
+    if len(body) < size:
+        raise EOFError
+    return body
+
+
+def serve(threads: int) -> None:
+    """The child's loop: read a setup, measure it, write the report; until stdin closes."""
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever the model prints goes to stderr, not into the reply stream
+    torch.set_num_threads(threads)
+    while True:
+        try:
+            setup = pickle.loads(_read_frame(sys.stdin.buffer))
+        except EOFError:
+            return
+        try:
+            reply = ("ok", measure_step(setup, torch.device("cpu")))
+        except Exception as err:
+            reply = ("error", (type(err).__name__, str(err), traceback.format_exc()))
+        payload = pickle.dumps(reply)
+        replies.write(struct.pack("<Q", len(payload)) + payload)
+        replies.flush()
+
+
+def _device_of(setup) -> torch.device:
+    return torch.device(setup.device if isinstance(setup, TrainStep) else "cpu")
+
+
+def peak(
+    setup: Callable, *, device: str | None = None, threads: int | None = None, process: MeasuringProcess | None = None
+) -> PeakReport:
+    """The true peak memory of one training step, above what existed before it.
+
+    ``setup`` is a picklable zero-argument callable that builds the state
+    (model, data, optimizer) and returns the step function, e.g. a
+    :class:`TrainStep`. The step runs once to warm up, then once measured. On
+    CUDA it runs here; on the CPU in a fresh process, or in ``process`` if
+    given (module-level callables only; their module must be importable there).
+    """
+    if not callable(setup):
+        raise TypeError(f"peak takes a setup callable (e.g. hpcdl.memory.TrainStep) that returns the step, got {setup!r}")
+    target = torch.device(device) if device else _device_of(setup)
+    if target.type == "cuda":
+        return measure_step(setup, target)
+    if target.type != "cpu":
+        raise ValueError(f"peak measures on 'cpu' or 'cuda', got {target}")
+    if process is not None:
+        return process.peak(setup)
+    with MeasuringProcess(threads) as fresh:
+        return fresh.peak(setup)

@@ -1,0 +1,121 @@
+"""The largest batch whose measured training-step peak fits a budget (doubling, then bisection)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from hpcdl.memory.peak import PeakReport, measure_step
+from hpcdl.memory.process import MeasuringProcess
+from hpcdl.memory.step import TrainStep, Workload, step_method
+from hpcdl.runtime.methods import ActivationMethod
+from hpcdl.runtime.policy import Policy, as_policy
+from hpcdl.runtime.session import DEFAULT_THRESHOLD
+from hpcdl.units import parse_bytes
+
+
+@dataclass(frozen=True)
+class BatchSearch:
+    """The largest batch whose measured peak fits ``budget_bytes``, and every probe behind it."""
+
+    batch_size: int
+    peak_bytes: int
+    budget_bytes: int
+    policy: str
+    probes: tuple[tuple[int, PeakReport], ...]
+    hit_limit: bool
+
+    @property
+    def report(self) -> PeakReport:
+        return dict(self.probes)[self.batch_size]
+
+
+def search_batch(
+    model,
+    policy: Policy | str | dict | None,
+    budget_bytes: int | str,
+    *,
+    device: str = "cpu",
+    start: int = 1,
+    limit: int = 1 << 16,
+    threshold: int = DEFAULT_THRESHOLD,
+    seed: int = 0,
+    threads: int | None = None,
+    on_probe: Callable[[int, PeakReport], None] | None = None,
+    process: MeasuringProcess | None = None,
+    method: ActivationMethod | None = None,
+    optimizer: Callable | None = None,
+    **workload,
+) -> BatchSearch:
+    """Search measured peaks for the largest batch within ``budget_bytes``; see :func:`max_batch`.
+
+    ``method`` (an :mod:`hpcdl.runtime.methods` object, instead of ``policy``) and ``optimizer`` (a
+    picklable ``parameters -> Optimizer``) are passed to every probe's :class:`TrainStep`.
+    """
+    budget = parse_bytes(budget_bytes)
+    if not (isinstance(start, int) and isinstance(limit, int) and 1 <= start <= limit):
+        raise ValueError(f"need 1 <= start <= limit, got start={start!r}, limit={limit!r}")
+    work = Workload.of(model, **workload)
+    policy = as_policy(policy)
+    chosen = step_method(method, policy, threshold)  # a bad method/policy pair fails before any probe
+    label = policy.describe() if policy is not None else chosen.describe()
+    probes: dict[int, PeakReport] = {}
+    target = torch.device(device)
+    child = (process or MeasuringProcess(threads)) if target.type == "cpu" else None
+
+    def fits(batch_size: int) -> bool:
+        step = TrainStep(work, batch_size, policy, device, threshold, seed, method, optimizer)
+        try:
+            report = child.peak(step) if child else measure_step(step, target)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            report = PeakReport(budget + 1, 0, str(target), "cuda_out_of_memory")
+        probes[batch_size] = report
+        if on_probe is not None:
+            on_probe(batch_size, report)
+        return report.peak_bytes <= budget
+
+    try:
+        good, bad = 0, None
+        if fits(start):
+            good = start
+            while bad is None and good < limit:
+                candidate = min(2 * good, limit)
+                if fits(candidate):
+                    good = candidate
+                else:
+                    bad = candidate
+        else:
+            bad = start
+        if bad is not None:
+            while bad - good > 1:
+                middle = (good + bad) // 2
+                if fits(middle):
+                    good = middle
+                else:
+                    bad = middle
+    finally:
+        if child is not None and child is not process:
+            child.close()
+    if good == 0:
+        raise ValueError(
+            f"budget {budget} bytes is smaller than the measured peak of one sample of {work.describe()} with "
+            f"method {label} ({probes[1].peak_bytes} bytes); raise the budget, pick a smaller scale or compress more"
+        )
+    hit_limit = bad is None
+    return BatchSearch(good, probes[good].peak_bytes, budget, label, tuple(sorted(probes.items())), hit_limit)
+
+
+def max_batch(model, policy: Policy | str | dict | None, budget_bytes: int | str, **kw) -> int:
+    """The largest per-device batch whose measured training-step peak fits ``budget_bytes``.
+
+    ``model`` is a :class:`Workload`, an ``hpcdl.models`` name (``scale=``,
+    ``options=``), a ``(name, scale[, options])`` tuple, or a picklable
+    model factory / ``"module:function"`` with ``batch=``. ``policy`` None is
+    the uncompressed baseline. Doubles the batch from ``start`` until the
+    measured peak exceeds the budget, then bisects; raises ValueError if one
+    sample does not fit. Keyword arguments as :func:`search_batch`.
+    """
+    return search_batch(model, policy, budget_bytes, **kw).batch_size

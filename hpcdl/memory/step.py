@@ -1,0 +1,179 @@
+"""What a measured step runs: a :class:`Workload` (model and data) and a :class:`TrainStep`.
+
+A :class:`TrainStep` builds the model, a batch and the optimizer, and returns a step function
+that calls :func:`hpcdl.runtime.methods.train_step`, the function the trainer calls, under the
+step's activation method. Everything in it must be picklable, because on the CPU it is rebuilt in
+a measuring subprocess: models are named by their ``hpcdl.models`` name, by ``"module:function"``,
+or given as module-level callables; the optimizer as a module-level factory (e.g. a
+``functools.partial`` of ``hpcdl.train.optim.build_optimizer``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from hpcdl.runtime import methods
+from hpcdl.runtime.methods import ActivationMethod, Codec, Plain
+from hpcdl.runtime.policy import Policy, as_policy
+from hpcdl.runtime.session import DEFAULT_THRESHOLD
+
+
+def _resolve(reference, what: str) -> Callable:
+    """A callable from ``"module:function"`` or a callable itself."""
+    if callable(reference):
+        return reference
+    if isinstance(reference, str) and ":" in reference:
+        module_name, _, attribute = reference.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"cannot load {what} {reference!r}: {err}") from err
+    raise TypeError(f"{what} must be a callable or a 'module:function' string, got {reference!r}")
+
+
+def _default_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy for integer targets (class dim 1), mean squared error otherwise."""
+    if target.dtype.is_floating_point:
+        return F.mse_loss(output, target)
+    return F.cross_entropy(output, target)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model and how to feed it, picklable.
+
+    ``model`` is an ``hpcdl.models`` name (built at ``scale`` with ``options``),
+    a ``"module:function"`` string, or a module-level callable returning an
+    ``nn.Module``. ``batch(batch_size, generator) -> (x, y)`` and
+    ``loss(output, y)`` default to the zoo spec's ``example_batch`` and
+    ``loss``; a custom model needs ``batch`` (its loss defaults to
+    cross-entropy for integer targets, else mean squared error).
+    """
+
+    model: str | Callable
+    scale: str = "small"
+    options: dict = field(default_factory=dict)
+    batch: str | Callable | None = None
+    loss: str | Callable | None = None
+
+    @classmethod
+    def of(cls, model, **kw) -> "Workload":
+        """From a Workload, a zoo name or callable, or the trainer's ``(name, scale[, options])`` tuple."""
+        if isinstance(model, Workload):
+            return replace(model, **kw) if kw else model
+        if isinstance(model, tuple):
+            if not 2 <= len(model) <= 3:
+                raise ValueError(f"a model tuple is (name, scale) or (name, scale, options), got {model!r}")
+            work = cls(model[0], model[1], dict(model[2]) if len(model) == 3 else {})
+            return replace(work, **kw) if kw else work
+        return cls(model, **kw)
+
+    @property
+    def zoo_name(self) -> str | None:
+        return self.model if isinstance(self.model, str) and ":" not in self.model else None
+
+    def describe(self) -> str:
+        if self.zoo_name:
+            return f"{self.zoo_name} ({self.scale})"
+        return self.model if isinstance(self.model, str) else getattr(self.model, "__qualname__", repr(self.model))
+
+    def build(self, batch_size: int, seed: int):
+        """``(model, x, y, loss_fn)`` on the CPU."""
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        if self.zoo_name:
+            from hpcdl import models
+
+            spec = models.spec(self.zoo_name)
+            model = spec.build(self.scale, **self.options)
+            make_batch = _resolve(self.batch, "batch") if self.batch else \
+                (lambda size, gen: spec.example_batch(self.scale, size, gen))
+            loss = _resolve(self.loss, "loss") if self.loss else spec.loss
+        else:
+            model = _resolve(self.model, "model")(**self.options)
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(f"model factory {self.describe()} returned {type(model).__name__}, not an nn.Module")
+            if self.batch is None:
+                raise ValueError(f"model {self.describe()} is not from hpcdl.models, so pass batch=... "
+                                 "(a callable or 'module:function' taking (batch_size, generator) -> (x, y))")
+            make_batch = _resolve(self.batch, "batch")
+            loss = _resolve(self.loss, "loss") if self.loss else _default_loss
+        x, y = make_batch(batch_size, generator)
+        return model, x, y, loss
+
+
+def default_optimizer(parameters) -> torch.optim.Optimizer:
+    """The optimizer of a measured step that names none: SGD with momentum (one state tensor per parameter)."""
+    return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9)
+
+
+def step_method(method: ActivationMethod | None, policy, threshold: int) -> ActivationMethod:
+    """The activation method of a step given either a method object or a policy (None: the baseline)."""
+    if method is not None:
+        if policy is not None:
+            raise ValueError("give a step either method= (an activation method) or policy=, not both; "
+                             "for checkpointing with a codec use method=Checkpoint() + Codec(policy)")
+        if not isinstance(method, ActivationMethod):
+            raise TypeError(f"method must be an activation method of hpcdl.runtime.methods (Plain, Codec, "
+                            f"Checkpoint, Offload or a combination), got {type(method).__name__}")
+        return method
+    policy = as_policy(policy)
+    return Plain() if policy is None else Codec(policy, threshold)
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """One training step of ``workload`` at ``batch_size`` under an activation method.
+
+    The method is ``method`` (an :mod:`hpcdl.runtime.methods` object), or else ``policy``
+    compressing (a Policy, spec or codec config; None: the baseline, ``threshold``: the session's
+    size threshold). ``optimizer`` builds the optimizer from the parameters (default SGD with
+    momentum; the trainer's batch search passes the run's own). Calling it builds the model, batch
+    and optimizer on ``device`` and returns the step function (a setup for
+    :func:`hpcdl.memory.peak`): :func:`hpcdl.runtime.methods.train_step`, then the gradients
+    released, so the measured step starts where a previous step left off. The step returns the
+    session's activation byte counts and the name of the step function it ran.
+    """
+
+    workload: Workload
+    batch_size: int
+    policy: Policy | str | dict | None = None
+    device: str = "cpu"
+    threshold: int = DEFAULT_THRESHOLD
+    seed: int = 0
+    method: ActivationMethod | None = None
+    optimizer: Callable | None = None
+
+    def __post_init__(self):
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+        step_method(self.method, self.policy, self.threshold)  # a bad combination fails here, not in the child
+
+    def __call__(self) -> Callable[[], dict]:
+        device = torch.device(self.device)
+        model, x, y, loss_fn = self.workload.build(self.batch_size, self.seed)
+        model, x, y = model.to(device), x.to(device), y.to(device)
+        model.train()
+        optimizer = (self.optimizer or default_optimizer)(model.parameters())
+        method = step_method(self.method, self.policy, self.threshold)
+        method.prepare(model)
+        step_function = methods.train_step
+        name = f"{step_function.__module__}.{step_function.__qualname__}"
+
+        def step() -> dict:
+            result = step_function(model, method, x, y, loss_fn, optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            stats = result.stats
+            return {
+                "activation_original_bytes": stats.original_bytes if stats else 0,
+                "activation_packed_bytes": stats.packed_bytes if stats else 0,
+                "step_function": name,
+                "method": method.describe(),
+            }
+
+        return step

@@ -1,0 +1,299 @@
+"""Activation methods as objects, and :func:`train_step`, the one definition of a training step under a method.
+
+An activation method decides what autograd keeps for backward while a forward runs:
+
+- :class:`Plain` (``none``): plain autograd, the baseline;
+- :class:`Codec` (``codec``): the saved tensors compressed by a :class:`~hpcdl.runtime.policy.Policy`
+  through :func:`hpcdl.runtime.session.compressed`;
+- :class:`Checkpoint` (``checkpoint``): each given block recomputed in backward
+  (``torch.utils.checkpoint``, non-reentrant) instead of saving its activations;
+- :class:`Offload` (``offload``): saved tensors moved to pinned host memory
+  (``torch.autograd.graph.save_on_cpu``); CUDA only.
+
+Every method has one interface: :meth:`ActivationMethod.prepare` checks the model once (before
+training), :meth:`ActivationMethod.context` is the context a forward runs in and yields the
+:class:`~hpcdl.runtime.stats.Stats` of what it saved (None if it keeps no statistics), and
+:meth:`ActivationMethod.observe_gradients` runs after backward (a Codec's policy reads gradient
+statistics there). Methods compose like PyTorch's memory context managers:
+``Checkpoint(blocks) + Codec(policy)`` checkpoints the blocks and compresses what the checkpointed
+model still saves (the non-reentrant checkpoint saves each block's inputs outside its own hooks, so
+the session's hooks pack them) and everything outside the blocks.
+
+Why here, in the runtime layer: the trainer (``hpcdl.train``) and the measurement package
+(``hpcdl.memory``) must both run exactly this step, and ``hpcdl.memory`` sits below the trainer,
+so the step cannot live in ``hpcdl.train``. The methods are contexts over autograd's saved
+tensors, which is what the runtime owns (the session is one of them); they need nothing above the
+runtime: the blocks to checkpoint are passed in (a list or a function of the model), so this
+module does not import ``hpcdl.models``. Every method is picklable when its parts are (module-level
+functions, policies), so a measuring subprocess can rebuild the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.utils.checkpoint
+
+from hpcdl.runtime.policy import Policy, as_policy
+from hpcdl.runtime.session import DEFAULT_THRESHOLD, compressed
+from hpcdl.runtime.stats import Stats
+
+
+class ActivationMethod:
+    """The interface every activation method implements; see the module docstring.
+
+    ``name`` is the method's config name (``none``, ``codec``, ``checkpoint``, ``offload``, or
+    parts joined by ``+``). ``hooks_saved_tensors`` is True for methods that install
+    ``saved_tensors_hooks`` (only the innermost pair applies, so a combination holds at most one).
+    """
+
+    name: str = ""
+    hooks_saved_tensors: bool = False
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Check once, before training, that this method can run on ``model`` (raise ValueError if not)."""
+
+    def context(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Stats | None]:
+        """The context one forward of ``model`` runs in; it yields this step's saved-tensor Stats or None."""
+        return contextlib.nullcontext()
+
+    def observe_gradients(self, model: torch.nn.Module) -> None:
+        """Called after backward with the model's gradients in place."""
+
+    def parts(self) -> tuple["ActivationMethod", ...]:
+        return (self,)
+
+    def __add__(self, other: "ActivationMethod") -> "Combined":
+        return compose(self, other)
+
+    def describe(self) -> str:
+        return self.name
+
+
+class Plain(ActivationMethod):
+    """``none``: autograd saves what it saves."""
+
+    name = "none"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Plain
+
+    def __hash__(self) -> int:
+        return hash(Plain)
+
+    def __repr__(self) -> str:
+        return "Plain()"
+
+
+@dataclass(eq=False)
+class Codec(ActivationMethod):
+    """``codec``: compress what autograd saves with ``policy`` (a Policy, method spec or codec config).
+
+    Tensors under ``threshold`` bytes stay raw; ``verify`` checks each decompressed tensor (a test mode).
+    """
+
+    policy: Policy | str | dict
+    threshold: int = DEFAULT_THRESHOLD
+    verify: bool = False
+
+    name = "codec"
+    hooks_saved_tensors = True
+
+    def __post_init__(self):
+        self.policy = as_policy(self.policy)
+        if self.policy is None:
+            raise ValueError("Codec needs a policy that compresses; for no compression use Plain() (method none)")
+
+    @contextlib.contextmanager
+    def context(self, model: torch.nn.Module) -> Iterator[Stats]:
+        with compressed(model, self.policy, threshold=self.threshold, verify=self.verify) as session:
+            yield session.stats
+
+    def observe_gradients(self, model: torch.nn.Module) -> None:
+        self.policy.record_gradients(model)
+
+    def describe(self) -> str:
+        return f"codec:{self.policy.describe()}"
+
+
+def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks a zoo model names through its ``checkpoint_blocks()`` (what ``ModelSpec.blocks`` returns)."""
+    blocks = getattr(model, "checkpoint_blocks", None)
+    if blocks is None:
+        raise ValueError(f"{type(model).__name__} has no checkpoint_blocks(); pass Checkpoint(blocks=...) the modules "
+                         "to recompute (a list, or a function of the model returning one)")
+    return list(blocks())
+
+
+@dataclass(eq=False)
+class Checkpoint(ActivationMethod):
+    """``checkpoint``: each block's forward recomputed in backward instead of saving its activations.
+
+    ``blocks`` is a list of modules of the model, or a function ``model -> list of modules`` (default
+    :func:`model_blocks`; pass ``ModelSpec.blocks`` for a zoo model). The blocks are wrapped only
+    while the context is open, so the model is left as it was (evaluation runs it plainly).
+    """
+
+    blocks: Sequence[torch.nn.Module] | Callable[[torch.nn.Module], Sequence[torch.nn.Module]] = model_blocks
+
+    name = "checkpoint"
+
+    def _blocks_of(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        blocks = list(self.blocks(model) if callable(self.blocks) else self.blocks)
+        if not blocks:
+            raise ValueError(f"Checkpoint found no blocks to recompute in {type(model).__name__}; pass blocks=...")
+        return blocks
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        self._blocks_of(model)
+
+    @contextlib.contextmanager
+    def context(self, model: torch.nn.Module) -> Iterator[None]:
+        blocks = self._blocks_of(model)
+        patched = []
+        try:
+            for block in blocks:
+                own = "forward" in vars(block)
+                forward = block.forward
+
+                def recomputed(*args, _forward=forward, **kwargs):
+                    return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+
+                block.forward = recomputed
+                patched.append((block, own, forward))
+            yield None
+        finally:
+            for block, own, forward in reversed(patched):
+                if own:
+                    block.forward = forward
+                else:
+                    del block.forward
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Checkpoint and other.blocks is self.blocks
+
+    __hash__ = object.__hash__
+
+
+@dataclass(eq=False)
+class Offload(ActivationMethod):
+    """``offload``: saved tensors moved to (pinned) host memory during forward, back for backward; CUDA only."""
+
+    pin_memory: bool = True
+
+    name = "offload"
+    hooks_saved_tensors = True
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        devices = {parameter.device.type for parameter in model.parameters()}
+        if devices != {"cuda"}:
+            raise ValueError("compression.method: offload moves saved activations from GPU to pinned host memory "
+                             "and needs CUDA; on a CPU use none, codec or checkpoint")
+
+    def context(self, model: torch.nn.Module):
+        return torch.autograd.graph.save_on_cpu(pin_memory=self.pin_memory)
+
+
+class Combined(ActivationMethod):
+    """Several methods at once: every part's context is entered (in order) around the forward."""
+
+    hooks_saved_tensors = True
+
+    def __init__(self, methods: Sequence[ActivationMethod]):
+        flat = [part for method in methods for part in _checked(method).parts() if not isinstance(part, Plain)]
+        kinds = [part.name for part in flat]
+        repeated = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+        if repeated:
+            raise ValueError(f"a combination holds each method once; {', '.join(repeated)} is given twice")
+        hooking = [part.name for part in flat if part.hooks_saved_tensors]
+        if len(hooking) > 1:
+            raise ValueError(f"{' and '.join(hooking)} both hook autograd's saved tensors and only the innermost hooks "
+                             "apply, so they cannot combine; combine checkpoint with one of them")
+        self.methods = tuple(flat)
+        self.hooks_saved_tensors = bool(hooking)
+        self.name = "+".join(kinds) or "none"
+
+    def parts(self) -> tuple[ActivationMethod, ...]:
+        return self.methods
+
+    def prepare(self, model: torch.nn.Module) -> None:
+        for method in self.methods:
+            method.prepare(model)
+
+    @contextlib.contextmanager
+    def context(self, model: torch.nn.Module) -> Iterator[Stats | None]:
+        with contextlib.ExitStack() as stack:
+            yielded = [stack.enter_context(method.context(model)) for method in self.methods]
+            yield next((stats for stats in yielded if isinstance(stats, Stats)), None)
+
+    def observe_gradients(self, model: torch.nn.Module) -> None:
+        for method in self.methods:
+            method.observe_gradients(model)
+
+    def describe(self) -> str:
+        return "+".join(method.describe() for method in self.methods) or "none"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Combined) and other.methods == self.methods
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"compose({', '.join(map(repr, self.methods))})"
+
+
+def _checked(method) -> ActivationMethod:
+    if not isinstance(method, ActivationMethod):
+        raise TypeError(f"methods combine with other activation methods (Plain, Codec, Checkpoint, Offload), "
+                        f"got {type(method).__name__}")
+    return method
+
+
+def compose(*methods: ActivationMethod) -> ActivationMethod:
+    """One method doing all of ``methods``: e.g. ``compose(Checkpoint(blocks), Codec(policy))``."""
+    combined = Combined(methods)
+    if not combined.methods:
+        return Plain()
+    return combined.methods[0] if len(combined.methods) == 1 else combined
+
+
+# -- the step -------------------------------------------------------------------------------------------
+@dataclass
+class StepResult:
+    """What one :func:`train_step` gives back: the loss (detached) and the method's saved-tensor Stats (or None)."""
+
+    loss: torch.Tensor
+    stats: Stats | None
+
+
+def train_step(
+    model: torch.nn.Module,
+    method: ActivationMethod,
+    x,
+    y,
+    loss_fn: Callable,
+    optimizer: torch.optim.Optimizer,
+    *,
+    forward: Callable | None = None,
+    scheduler=None,
+) -> StepResult:
+    """One training step of ``model`` under ``method``: the only definition of it in hpcdl.
+
+    Zeroes the gradients, runs ``loss_fn(forward(x), y)`` inside ``method.context(model)``,
+    backpropagates, lets the method observe the gradients, steps ``optimizer`` (and ``scheduler``
+    if given). ``forward`` is what is called on ``x`` (default ``model``; the trainer passes its
+    data-parallel wrapper, whose backward all-reduces the gradients). The trainer, the measured
+    step of :mod:`hpcdl.memory` and the study all call this function.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    with method.context(model) as stats:
+        loss = loss_fn((forward or model)(x), y)
+    loss.backward()
+    method.observe_gradients(model)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return StepResult(loss.detach(), stats)
