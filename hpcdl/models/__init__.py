@@ -4,6 +4,6 @@
 (:class:`ModelSpec`), ``names()`` lists them. Every model is called as ``model(x)``.
 """
 
-from hpcdl.models.registry import ModelSpec, Scale, get, names, register, spec
+from hpcdl.models.registry import ModelError, ModelOptionError, ModelSpec, Scale, get, names, register, spec
 
-__all__ = ["ModelSpec", "Scale", "get", "names", "register", "spec"]
+__all__ = ["ModelError", "ModelOptionError", "ModelSpec", "Scale", "get", "names", "register", "spec"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hpcdl.models.registry import spec
+from hpcdl.models.registry import ModelError, spec
 
 
 @dataclass(frozen=True)
@@ -124,9 +124,9 @@ def _real_device(device: str) -> torch.device:
     try:
         torch_device = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"unknown device {device!r}; use 'fake', 'cpu' or 'cuda'") from None
+        raise ModelError(f"unknown device {device!r}; use 'fake', 'cpu' or 'cuda'") from None
     if torch_device.type == "meta":
-        raise ValueError("device 'meta' picks other attention kernels than a real step; use 'fake' for shape-only runs")
+        raise ModelError("device 'meta' picks other attention kernels than a real step; use 'fake' for shape-only runs")
     if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' asked for but no CUDA device is available; use 'fake' or 'cpu'")
+        raise ModelError("device 'cuda' asked for but no CUDA device is available; use 'fake' or 'cpu'")
     return torch_device

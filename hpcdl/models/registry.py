@@ -19,7 +19,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpcdl.errors import HpcdlError
+
 TASKS = ("segmentation", "classification", "language")
+
+
+class ModelError(HpcdlError, ValueError):
+    """An unknown model or scale, or a model description that cannot be registered."""
+
+
+class ModelOptionError(HpcdlError, TypeError):
+    """Constructor options a model does not take (a TypeError, as Python's own for an unknown keyword)."""
 
 
 @dataclass(frozen=True)
@@ -55,13 +65,13 @@ class ModelSpec:
 
     def __post_init__(self):
         if self.task not in TASKS:
-            raise ValueError(f"model {self.name!r}: task must be one of {', '.join(TASKS)}, got {self.task!r}")
+            raise ModelError(f"model {self.name!r}: task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not self.scales:
-            raise ValueError(f"model {self.name!r} declares no scales")
+            raise ModelError(f"model {self.name!r} declares no scales")
 
     def scale(self, scale: str) -> Scale:
         if scale not in self.scales:
-            raise ValueError(f"model {self.name!r} has no scale {scale!r}; its scales are {', '.join(self.scales)}")
+            raise ModelError(f"model {self.name!r} has no scale {scale!r}; its scales are {', '.join(self.scales)}")
         return self.scale_table()[scale]
 
     def input_shape(self, scale: str) -> tuple[int, ...]:
@@ -74,7 +84,7 @@ class ModelSpec:
         accepted = set(inspect.signature(self.model_class).parameters)
         unknown = sorted(set(overrides) - accepted)
         if unknown:
-            raise TypeError(
+            raise ModelOptionError(
                 f"model {self.name!r} does not take {', '.join(unknown)}; it takes {', '.join(sorted(accepted))}"
             )
         kwargs.update(overrides)
@@ -100,7 +110,7 @@ class ModelSpec:
         about it is learnable beyond memorisation: never report accuracy on it.
         """
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            raise ModelError(f"batch_size must be a positive int, got {batch_size!r}")
         shape = self.input_shape(scale)
         if self.task == "language":
             tokens = torch.randint(self.num_classes, (batch_size, shape[0] + 1), generator=generator)
@@ -125,7 +135,7 @@ _REGISTRY: dict[str, ModelSpec] = {}
 def register(model_spec: ModelSpec, *, replace: bool = False) -> ModelSpec:
     """Add a model to the registry (built-ins register from :mod:`hpcdl.models.catalog`)."""
     if model_spec.name in _REGISTRY and not replace:
-        raise ValueError(f"model {model_spec.name!r} is already registered; pass replace=True")
+        raise ModelError(f"model {model_spec.name!r} is already registered; pass replace=True")
     _REGISTRY[model_spec.name] = model_spec
     return model_spec
 
@@ -142,10 +152,10 @@ def names() -> list[str]:
 
 
 def spec(name: str) -> ModelSpec:
-    """The :class:`ModelSpec` of ``name``; unknown names raise ValueError listing the known ones."""
+    """The :class:`ModelSpec` of ``name``; unknown names raise ModelError (a ValueError) listing the known ones."""
     _load_builtins()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(_REGISTRY)}")
+        raise ModelError(f"unknown model {name!r}; known models: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
 
 

@@ -31,6 +31,11 @@ from typing import Mapping
 import torch
 
 from hpcdl.compress import ERROR_BOUND_MODES, FLOAT_DTYPES, Codec, get_codec
+from hpcdl.errors import HpcdlError
+
+class PolicySpecError(HpcdlError, ValueError):
+    """A method spec or codec config a policy cannot use; the message shows the accepted form."""
+
 
 MASK_CODEC = {"id": "bitmask"}
 INDEX_CODEC = {"id": "int"}
@@ -128,7 +133,7 @@ class Policy:
             self._check_activation_codec(config)
         for config, dtype in ((masks, torch.bool), (indices, torch.int64)):
             if config is not None and dtype not in self.codec(config).dtypes:
-                raise ValueError(f"codec {config!r} cannot encode {dtype} tensors")
+                raise PolicySpecError(f"codec {config!r} cannot encode {dtype} tensors")
 
     @classmethod
     def static(cls, config: dict | None, **routing) -> "Policy":
@@ -156,7 +161,7 @@ class Policy:
     def _check_activation_codec(self, config: dict) -> None:
         codec = self.codec(config)
         if not codec.dtypes & FLOAT_DTYPES:
-            raise ValueError(
+            raise PolicySpecError(
                 f"codec {config!r} cannot encode floating tensors, so it cannot compress activations; "
                 "use a float codec such as {'id': 'sz', 'mode': 'rel', 'bound': 1e-2} or {'id': 'raw'}"
             )
@@ -214,18 +219,18 @@ def _parse_value(text: str):
 def config_from_spec(spec: str) -> dict | None:
     """``"sz:rel=1e-2"`` -> ``{"id": "sz", "mode": "rel", "bound": 0.01}``; ``"none"`` -> None."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"a method spec is a string like 'sz:rel=1e-2', 'quant:bits=2', 'cast:bf16' or 'raw', got {spec!r}")
+        raise PolicySpecError(f"a method spec is a string like 'sz:rel=1e-2', 'quant:bits=2', 'cast:bf16' or 'raw', got {spec!r}")
     codec_id, _, options = spec.strip().partition(":")
     if codec_id == "none":
         if options:
-            raise ValueError(f"method spec 'none' takes no options, got {spec!r}")
+            raise PolicySpecError(f"method spec 'none' takes no options, got {spec!r}")
         return None
     config: dict = {"id": codec_id}
     for option in filter(None, (o.strip() for o in options.split(","))):
         key, equals, value = option.partition("=")
         if not equals:
             if codec_id not in _POSITIONAL_OPTION:
-                raise ValueError(f"option {option!r} in {spec!r} needs the form key=value (e.g. 'sz:rel=1e-2')")
+                raise PolicySpecError(f"option {option!r} in {spec!r} needs the form key=value (e.g. 'sz:rel=1e-2')")
             key, value = _POSITIONAL_OPTION[codec_id], option
         if key in ERROR_BOUND_MODES:
             config["mode"], config["bound"] = key, _parse_value(value)

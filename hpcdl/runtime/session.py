@@ -36,6 +36,7 @@ import weakref
 import torch
 
 from hpcdl.compress import Codec, Packed, check_bound
+from hpcdl.errors import HpcdlRunError
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
 from hpcdl.runtime.policy import Policy, policy_from_spec
 from hpcdl.runtime.stats import Row, Stats
@@ -51,11 +52,11 @@ class CompressionFallbackWarning(UserWarning):
     """A codec failed on a saved tensor; the tensor was kept uncompressed (once per module and policy)."""
 
 
-class VerificationError(AssertionError):
+class VerificationError(HpcdlRunError, AssertionError):
     """In ``verify=True`` mode, a decompressed tensor broke its codec's guarantee."""
 
 
-class ReleasedError(RuntimeError):
+class ReleasedError(HpcdlRunError, RuntimeError):
     """Backward asked for a saved tensor whose packed data was already released."""
 
 

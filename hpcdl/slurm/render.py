@@ -16,6 +16,7 @@ import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hpcdl.slurm.errors import SlurmError
 from hpcdl.slurm.systems import SlurmSystem, get_system
 
 PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -110,7 +111,7 @@ def fill_template(text: str, values: dict[str, str]) -> str:
     """Replace every ``{{name}}``; a placeholder without a value is an error, never left in the script."""
     missing = sorted({name for name in PLACEHOLDER.findall(text) if name not in values})
     if missing:
-        raise ValueError(f"template placeholders without a value: {', '.join(missing)}")
+        raise SlurmError(f"template placeholders without a value: {', '.join(missing)}")
     return PLACEHOLDER.sub(lambda match: values[match.group(1)], text)
 
 
@@ -135,9 +136,9 @@ def _has_control_characters(text: str) -> bool:
 def check_argument(what: str, value: str) -> str:
     """``value`` if it can be one shell-quoted argument on the job's command line (a single line)."""
     if not isinstance(value, str):
-        raise ValueError(f"{what} {value!r} must be a string, not {type(value).__name__}")
+        raise SlurmError(f"{what} {value!r} must be a string, not {type(value).__name__}")
     if _has_control_characters(value):
-        raise ValueError(f"{what} {value!r} holds a control character (a newline, tab, escape, line "
+        raise SlurmError(f"{what} {value!r} holds a control character (a newline, tab, escape, line "
                          "separator or similar); job arguments must be printable text on one line")
     return value
 
@@ -145,27 +146,27 @@ def check_argument(what: str, value: str) -> str:
 def _check_request(request: JobRequest, system: SlurmSystem) -> None:
     for name in system.required:
         if not getattr(request, name):
-            raise ValueError(f"system {system.name!r} needs {REQUIRED_FIELD_HELP.get(name, '--' + name)}")
+            raise SlurmError(f"system {system.name!r} needs {REQUIRED_FIELD_HELP.get(name, '--' + name)}")
     for name in ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "array"):
         value = getattr(request, name)
         if (value is not None or name == "nodes") and (not isinstance(value, int) or isinstance(value, bool)
                                                         or value < 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+            raise SlurmError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
     if not (isinstance(request.time, str) and TIME_FORMAT.fullmatch(request.time)):
-        raise ValueError(
+        raise SlurmError(
             f"--time {request.time!r} is not a Slurm time limit; use HH:MM:SS, D-HH:MM:SS or minutes (e.g. 02:00:00)"
         )
     for name, (pattern, allowed) in FIELD_FORMATS.items():
         value = getattr(request, name)
         if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
-            raise ValueError(f"--{name.replace('_', '-')} {value!r} is not allowed in a job script; use {allowed}")
+            raise SlurmError(f"--{name.replace('_', '-')} {value!r} is not allowed in a job script; use {allowed}")
     for directive in request.extra_directives:
         if not (isinstance(directive, str) and EXTRA_DIRECTIVE.fullmatch(directive)):
-            raise ValueError(f"extra sbatch directive {directive!r} must be one option like --mail-type=END: "
+            raise SlurmError(f"extra sbatch directive {directive!r} must be one option like --mail-type=END: "
                              "--NAME or --NAME=VALUE, the value without spaces, quotes, backslashes or '#'")
     for line in request.setup:
         if not isinstance(line, str) or _has_control_characters(line):
-            raise ValueError(f"--setup takes one shell line per use, got {line!r} (it holds a newline or another "
+            raise SlurmError(f"--setup takes one shell line per use, got {line!r} (it holds a newline or another "
                              "control character)")
     for text in request.overrides:
         check_argument("--set", text)
@@ -210,7 +211,7 @@ def _check_command_parses(argv: list[str]) -> None:
     except SystemExit:
         last = messages.getvalue().strip().splitlines()
         reason = last[-1] if last else "it does not parse"
-        raise ValueError(f"the command inside the job, `hpcdl {shlex.join(argv)}`, is wrong: {reason}") from None
+        raise SlurmError(f"the command inside the job, `hpcdl {shlex.join(argv)}`, is wrong: {reason}") from None
 
 
 def _directives(request: JobRequest) -> list[str]:

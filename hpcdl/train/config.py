@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 import yaml
 
+from hpcdl.errors import HpcdlError
+
 _MISSING = object()
 MAX_BYTES = 2**63
 # Integer keys end up in C longs (torch seeds, tensor sizes, loops); larger ones are typos, not settings.
@@ -153,7 +155,7 @@ SCHEMA: dict[str, Any] = {
 CODEC_OPTION_KEYS = ("mode", "bound", "bits", "dtype", "group_size")
 
 
-class ConfigError(ValueError):
+class ConfigError(HpcdlError, ValueError):
     """A config that does not match the schema; the message names the key's full path."""
 
 
