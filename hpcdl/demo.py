@@ -14,14 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcdl.train.comparison import COMPARED_METHODS
 from hpcdl.train.summary import human_bytes
 
 WORKLOADS = ("climate-deeplab", "hep-jets")
-METHODS = {
-    "baseline": ["compression.method=none"],
-    "sz rel 1e-2": ["compression.method=codec", "compression.id=sz", "compression.mode=rel",
-                    "compression.bound=1e-2"],
-}
+# The methods compared (hpcdl.train.comparison holds them, for the training benchmark too).
+METHODS = COMPARED_METHODS
 
 
 @dataclass

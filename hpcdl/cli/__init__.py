@@ -8,7 +8,9 @@ Every command group lives in its own module here and adds its parsers through
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import sys
 
 from hpcdl.errors import HpcdlError
@@ -27,6 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
         # command silently disappearing from `hpcdl --help`.
         importlib.import_module(f"hpcdl.cli.{name}").register(subparsers)
     return parser
+
+
+def check_command(argv: list[str]) -> None:
+    """Raise ValueError saying why when ``hpcdl argv`` would not parse (e.g. a Slurm job's command line)."""
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
+            build_parser().parse_args(argv)
+    except SystemExit:
+        last = messages.getvalue().strip().splitlines()
+        raise ValueError(last[-1] if last else "it does not parse") from None
 
 
 # NOTE [ exit codes ]

@@ -4,13 +4,12 @@ A :class:`ModelSpec` says everything a trainer, a memory study or a benchmark ne
 to drive a model without knowing its class: the task, the input it takes at each
 scale, how to make a random batch of that input, the loss, and the blocks to wrap in
 gradient checkpointing. The built-in models register themselves from
-:mod:`hpcdl.models.catalog`, imported on first use.
+:mod:`hpcdl.models.catalog`, which the package ``hpcdl.models`` imports (this module never imports it:
+the catalog depends on the registry, not the other way round).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Callable
@@ -44,8 +43,8 @@ class Scale:
 class ModelSpec:
     """What a model is for and what it takes; see the module docstring.
 
-    ``scale_table`` returns {scale name: :class:`Scale`}; it is a function so that
-    scales sized after a committed data sample look at the sample only when asked.
+    ``scale_table`` returns {scale name: :class:`Scale`}; it is a function so that a model's
+    scales are built only when asked for.
     ``make_input`` overrides how :meth:`example_batch` draws inputs (the particle
     transformer draws zero-padded particle sets).
     """
@@ -140,20 +139,13 @@ def register(model_spec: ModelSpec, *, replace: bool = False) -> ModelSpec:
     return model_spec
 
 
-@functools.cache
-def _load_builtins() -> None:
-    importlib.import_module("hpcdl.models.catalog")
-
-
 def names() -> list[str]:
     """Every registered model name, in registration order (climate, HEP, vision, text)."""
-    _load_builtins()
     return list(_REGISTRY)
 
 
 def spec(name: str) -> ModelSpec:
     """The :class:`ModelSpec` of ``name``; unknown names raise ModelError (a ValueError) listing the known ones."""
-    _load_builtins()
     if name not in _REGISTRY:
         raise ModelError(f"unknown model {name!r}; known models: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]

@@ -2,19 +2,18 @@
 
 Everything is checked here, before anything reaches ``sbatch``: the system exists, the fields it needs
 (the account on allocation-based systems) are given, the Slurm values are well formed, the training
-config loads with its ``--set`` overrides, and the command line inside the job parses.
+config loads with its ``--set`` overrides, and (given the CLI's check) the command line inside the job parses.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import shlex
 import sys
 import unicodedata
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from hpcdl.slurm.errors import SlurmError
 from hpcdl.slurm.systems import SlurmSystem, get_system
@@ -77,13 +76,23 @@ class JobRequest:
     extra_directives: tuple[str, ...] = ()
 
 
-def render_job(request: JobRequest) -> str:
-    """The complete sbatch script for ``request``; raises ValueError/FileNotFoundError on bad input."""
+def render_job(request: JobRequest, *, check_command: Callable[[list[str]], None] | None = None) -> str:
+    """The complete sbatch script for ``request``; raises ValueError/FileNotFoundError on bad input.
+
+    ``check_command(argv)`` raises ValueError when ``hpcdl argv`` (the command every rank runs) would not
+    parse; the ``hpcdl slurm`` command passes :func:`hpcdl.cli.check_command`. This layer sits below the
+    command line and cannot ask it itself: without a check, the Slurm fields and the training config are
+    still checked, the command's extra arguments (``request.extra_args``) are not.
+    """
     system = get_system(request.system)
     request = _with_defaults(request, system)
     _check_request(request, system)
     argv, command = _job_command(request, system)
-    _check_command_parses(argv)
+    if check_command is not None:
+        try:
+            check_command(argv)
+        except ValueError as err:
+            raise SlurmError(f"the command inside the job, `hpcdl {shlex.join(argv)}`, is wrong: {err}") from None
     return render_script(request, command)
 
 
@@ -199,19 +208,6 @@ def _job_command(request: JobRequest, system: SlurmSystem) -> tuple[list[str], s
     argv = ["study", "run", "--config", config, *sets, *request.extra_args]
     display = " ".join(shlex.quote(arg) for arg in [python, "-m", "hpcdl", *argv]) + f' --shard "{shard}"'
     return [*argv, "--shard", f"0/{request.array}"], display
-
-
-def _check_command_parses(argv: list[str]) -> None:
-    from hpcdl.cli import build_parser
-
-    messages = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
-            build_parser().parse_args(argv)
-    except SystemExit:
-        last = messages.getvalue().strip().splitlines()
-        reason = last[-1] if last else "it does not parse"
-        raise SlurmError(f"the command inside the job, `hpcdl {shlex.join(argv)}`, is wrong: {reason}") from None
 
 
 def _directives(request: JobRequest) -> list[str]:
