@@ -42,8 +42,7 @@ def test_golden_stream(name, backend):
 
 def test_fixtures_cover_every_block_predictor():
     """The golden streams hold blocks of all four predictors (zigzag, unsigned, Lorenzo, sparse) and a raw fallback."""
-    from hpcdl.compress import intcodec
-    from hpcdl.compress import sz
+    from hpcdl.compress import intcodec, sz
     from hpcdl.compress.sz.stream import block_count, read_stream_header
 
     predictors, raw_streams = set(), 0

@@ -15,7 +15,7 @@ from hpcdl.models.climate import DeepLabV3Plus
 from hpcdl.models.hep import JetImageCNN, ParticleTransformer
 from hpcdl.models.registry import ModelSpec, Scale, register
 from hpcdl.models.text import GPT
-from hpcdl.models.vision import AlexNet, ResNet, VGG16BN, VisionTransformer
+from hpcdl.models.vision import VGG16BN, AlexNet, ResNet, VisionTransformer
 
 # Per-sample input shapes of the committed data samples (hpcdl_datasets/samples), as hpcdl.data.load_dataset
 # gives them, so that the CPU scales train on those samples without arguments. Stated here rather than read

@@ -11,8 +11,8 @@ the catalog depends on the registry, not the other way round).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -25,13 +25,14 @@ import fnmatch
 import json
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 
 from hpcdl.compress import ERROR_BOUND_MODES, FLOAT_DTYPES, Codec, get_codec
 from hpcdl.errors import HpcdlError
+
 
 class PolicySpecError(HpcdlError, ValueError):
     """A method spec or codec config a policy cannot use; the message shows the accepted form."""
@@ -80,7 +81,7 @@ class Controller(ABC):
         """Every config this controller can return, so that a policy can validate them up front."""
         return []
 
-    def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:
+    def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:  # noqa: B027  (optional hook)
         """Called with last step's gradient statistics; the built-in controllers ignore them."""
 
 
@@ -136,12 +137,12 @@ class Policy:
                 raise PolicySpecError(f"codec {config!r} cannot encode {dtype} tensors")
 
     @classmethod
-    def static(cls, config: dict | None, **routing) -> "Policy":
+    def static(cls, config: dict | None, **routing) -> Policy:
         """One codec config for every floating tensor (None keeps them as they are)."""
         return cls(StaticController(config), **routing)
 
     @classmethod
-    def per_module(cls, patterns: Mapping[str, dict | None], default: dict | None = None, **routing) -> "Policy":
+    def per_module(cls, patterns: Mapping[str, dict | None], default: dict | None = None, **routing) -> Policy:
         """Codec configs by glob over qualified module names, e.g. ``{"encoder.*": {...}}``; first match wins."""
         return cls(PerModuleController(patterns, default), **routing)
 

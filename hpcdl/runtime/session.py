@@ -179,7 +179,7 @@ class Session:
         self._state = "new"
 
     # -- context manager ------------------------------------------------------------------------------------
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         if self._state != "new":
             raise RuntimeError("a session covers one forward pass; open a new one with hpcdl.compressed(model, policy)")
         if getattr(_active, "session", None) is not None:

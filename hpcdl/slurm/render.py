@@ -11,9 +11,9 @@ import re
 import shlex
 import sys
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from hpcdl.slurm.errors import SlurmError
 from hpcdl.slurm.systems import SlurmSystem, get_system

@@ -26,6 +26,7 @@ import yaml
 
 from hpcdl.errors import HpcdlError
 
+
 class MethodSpecError(HpcdlError, ValueError):
     """A study method spec that names no method, or a list of them that repeats one."""
 
