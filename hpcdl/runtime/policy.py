@@ -218,7 +218,19 @@ def _parse_value(text: str):
 
 
 def config_from_spec(spec: str) -> dict | None:
-    """``"sz:rel=1e-2"`` -> ``{"id": "sz", "mode": "rel", "bound": 0.01}``; ``"none"`` -> None."""
+    """``"sz:rel=1e-2"`` -> ``{"id": "sz", "mode": "rel", "bound": 0.01}``; ``"none"`` -> None.
+
+    >>> config_from_spec("sz:rel=1e-2")
+    {'id': 'sz', 'mode': 'rel', 'bound': 0.01}
+    >>> config_from_spec("quant:bits=2,group_size=128")
+    {'id': 'quant', 'bits': 2, 'group_size': 128}
+    >>> config_from_spec("none") is None
+    True
+    >>> config_from_spec("sz:rel")
+    Traceback (most recent call last):
+    ...
+    hpcdl.runtime.policy.PolicySpecError: option 'rel' in 'sz:rel' needs the form key=value (e.g. 'sz:rel=1e-2')
+    """
     if not isinstance(spec, str) or not spec.strip():
         raise PolicySpecError(f"a method spec is a string like 'sz:rel=1e-2', 'quant:bits=2', 'cast:bf16' or 'raw', got {spec!r}")
     codec_id, _, options = spec.strip().partition(":")
@@ -257,6 +269,12 @@ def spec_from_config(config: dict | None) -> str:
 
 
 def policy_from_spec(spec: str, **routing) -> Policy | None:
-    """A static :class:`Policy` from a method spec; ``"none"`` gives None (no compression)."""
+    """A static :class:`Policy` from a method spec; ``"none"`` gives None (no compression).
+
+    >>> policy_from_spec("cast:bf16")
+    Policy(cast:bf16)
+    >>> spec_from_config({"id": "sz", "mode": "rel", "bound": 0.01})
+    'sz:rel=0.01'
+    """
     config = config_from_spec(spec)
     return None if config is None else Policy.static(config, **routing)
