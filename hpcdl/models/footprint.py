@@ -70,7 +70,7 @@ def saved_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, l
 
 
 @dataclass(frozen=True)
-class Footprint:
+class ModelFootprint:
     """A model at one scale: parameter count, per-sample input shape and activation bytes per sample."""
 
     name: str
@@ -82,7 +82,11 @@ class Footprint:
     device: str
 
 
-def measure(name: str, scale: str, device: str = "fake") -> Footprint:
+# The old name, kept for one release: hpcdl.runtime.classify.Footprint is another thing (a tensor's storage span).
+Footprint = ModelFootprint
+
+
+def measure(name: str, scale: str, device: str = "fake") -> ModelFootprint:
     """Measure model ``name`` at ``scale`` with training-mode steps at batch 1 and batch 2.
 
     Per-sample bytes are the difference between the two batches, so batch-independent
@@ -109,7 +113,7 @@ def measure(name: str, scale: str, device: str = "fake") -> Footprint:
             counts.append(saved_bytes(model, x.to(torch_device), y.to(torch_device), model_spec.loss))
             model.zero_grad(set_to_none=True)
         parameters = sum(p.numel() for p in model.parameters())
-    return Footprint(
+    return ModelFootprint(
         name=name,
         scale=scale,
         parameters=parameters,
