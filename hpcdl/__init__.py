@@ -1,4 +1,21 @@
-"""hpcdl: data-parallel training with error-bounded lossy compression of activations."""
+"""hpcdl: data-parallel training with error-bounded lossy compression of activations.
+
+The public facade: ``hpcdl.compressed``, ``hpcdl.Policy`` and ``hpcdl.memory``, each imported on first
+use (see docs/architecture.md for where everything else lives). Autograd's saved activations are kept
+compressed inside the ``with`` block and decompressed in backward:
+
+>>> import torch, hpcdl
+>>> _ = torch.manual_seed(0)
+>>> model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+>>> policy = hpcdl.Policy.static({"id": "sz", "mode": "rel", "bound": 1e-2})
+>>> with hpcdl.compressed(model, policy) as session:
+...     loss = model(torch.randn(128, 256)).square().mean()
+>>> loss.backward()
+>>> session.stats.packed_bytes < session.stats.original_bytes
+True
+>>> model[0].weight.grad.shape
+torch.Size([256, 256])
+"""
 
 from __future__ import annotations
 

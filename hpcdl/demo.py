@@ -14,14 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcdl.train.comparison import COMPARED_METHODS
 from hpcdl.units import human_bytes
 
 WORKLOADS = ("climate-deeplab", "hep-jets")
-METHODS = {
-    "baseline": ["compression.method=none"],
-    "sz rel 1e-2": ["compression.method=codec", "compression.id=sz", "compression.mode=rel",
-                    "compression.bound=1e-2"],
-}
+# The methods compared (hpcdl.train.comparison holds them, for the training benchmark too).
+METHODS = COMPARED_METHODS
 
 
 @dataclass
@@ -59,8 +57,8 @@ def run_demo(out_dir: str | Path = "runs/demo", epochs: int = 2, steps_per_epoch
     """
     from hpcdl.data import MissingFileError, load_dataset
     from hpcdl.train import load_config, run_training
-    from hpcdl.units import parse_bytes
     from hpcdl.train.trainer import measured_batch_search
+    from hpcdl.units import parse_bytes
 
     rows, missing = [], {}
     for workload in workloads:

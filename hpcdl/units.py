@@ -31,7 +31,11 @@ def _finite_bytes(number: float, given) -> int:
 
 
 def parse_bytes(value: int | float | str) -> int:
-    """A memory size given as a number of bytes or a string with a unit (``"4GiB"``) -> bytes (> 0)."""
+    """A memory size given as a number of bytes or a string with a unit (``"4GiB"``) -> bytes (> 0).
+
+    >>> parse_bytes("4GiB"), parse_bytes("1.5MB"), parse_bytes(1024)
+    (4294967296, 1500000, 1024)
+    """
     if isinstance(value, bool):
         raise TypeError(f"a memory size is a number of bytes or a string like '4GiB', got {value!r}")
     size = _parse_size(value) if isinstance(value, str) else _finite_bytes(value, value)

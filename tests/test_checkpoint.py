@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdl.train.checkpoint import (CheckpointError, check_compatible, latest_checkpoint, list_checkpoints,
-                                    load_checkpoint, rng_state, save_checkpoint, set_rng_state)
+from hpcdl.train.checkpoint import (
+    CheckpointError,
+    check_compatible,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 
 
 def test_round_trip_and_keep_last_k(tmp_path):

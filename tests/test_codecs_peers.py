@@ -6,11 +6,12 @@ import sys
 
 import pytest
 import torch
-from conftest import require
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcdl.compress import CodecError, Packed, check_bound, get_codec
+
+from conftest import require
 
 PEERS = {"sz3": "pysz", "zfp": "zfpy"}
 

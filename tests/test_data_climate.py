@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from hpcdl.data import load_dataset, read_manifest, verify_checksums
-from hpcdl_datasets.climate import (CLASS_NAMES, ClimateSettings, LabelParams, MoistureParams, QGParams, TwoLayerQG,
-                                    label_snapshot, simulate)
+from hpcdl_datasets.climate import (
+    CLASS_NAMES,
+    ClimateSettings,
+    LabelParams,
+    MoistureParams,
+    QGParams,
+    TwoLayerQG,
+    label_snapshot,
+    simulate,
+)
 from hpcdl_datasets.climate.deepcam import convert_to_deepcam
 from hpcdl_datasets.climate.labels import AR, CYCLONE, connected_components
 

@@ -11,8 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdl.data import (LabelRangeError, MalformedFileError, ShapeError, TruncatedFileError, load_dataset,
-                        read_manifest, verify_checksums)
+from hpcdl.data import (
+    LabelRangeError,
+    MalformedFileError,
+    ShapeError,
+    TruncatedFileError,
+    load_dataset,
+    read_manifest,
+    verify_checksums,
+)
 from hpcdl.data.manifest import write_manifest
 from hpcdl.data.readers import HDF5Reader
 from hpcdl_datasets.hep import HEPSettings, JetParticles, centred_coordinates, constituent_array, jet_image

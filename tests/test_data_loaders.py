@@ -11,9 +11,19 @@ import numpy as np
 import pytest
 import torch
 
-from hpcdl.data import (ChecksumError, LabelRangeError, MalformedFileError, MissingFileError, ShapeError,
-                        ShardedLoader, TruncatedFileError, load_dataset, read_manifest, split_indices,
-                        verify_checksums)
+from hpcdl.data import (
+    ChecksumError,
+    LabelRangeError,
+    MalformedFileError,
+    MissingFileError,
+    ShapeError,
+    ShardedLoader,
+    TruncatedFileError,
+    load_dataset,
+    read_manifest,
+    split_indices,
+    verify_checksums,
+)
 from hpcdl.data.manifest import file_entry
 from hpcdl_datasets.climate import ClimateSettings, QGParams, generate_climate
 

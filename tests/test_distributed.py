@@ -6,12 +6,13 @@ import sys
 
 import pytest
 import torch
-from conftest import require
 
-import distributed_worker as worker
-from distributed_worker import WORKER, check_ranks, single_process_reference
 from hpcdl.train import distributed
 from hpcdl.train.distributed import detect_world, init_backend
+
+import distributed_worker as worker
+from conftest import require
+from distributed_worker import WORKER, check_ranks, single_process_reference
 from mpi_helpers import mpirun_path, run_mpi
 
 LAUNCHER_VARS = (

@@ -8,10 +8,11 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import require
-from distributed_worker import WORKER, check_ranks
 
 from hpcdl.train import distributed
+
+from conftest import require
+from distributed_worker import WORKER, check_ranks
 from mpi_helpers import horovodrun_path, mpirun_path, run_horovodrun_gloo, run_mpi
 
 pytestmark = [pytest.mark.mpi, pytest.mark.horovod]

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import require
 
 from hpcdl.compress.intcodec import IntCodec
 from hpcdl.compress.sz import decode_with, encode_with, host
+
+from conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = Path(__file__).with_name("host_kernels_driver.py")

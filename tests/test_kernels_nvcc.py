@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require
 from hpcdl.compress.sz import host
+
+from conftest import require
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 

@@ -6,10 +6,11 @@ import functools
 
 import pytest
 import torch
-from runtime_models import allocating_setup, wide_cnn_batch
 
 from hpcdl import memory
 from hpcdl.cli import main
+
+from runtime_models import allocating_setup, wide_cnn_batch
 
 MiB = 2**20
 SMALL_CNN = memory.Workload(

@@ -15,8 +15,8 @@ from hpcdl.metrics import accuracy, confusion_matrix, iou_per_class, mean_iou, r
 
 def pairwise_auc(scores, labels):
     """The definition: P(score of a random positive > score of a random negative), ties count 1/2."""
-    positives = [s for s, l in zip(scores, labels) if l == 1]
-    negatives = [s for s, l in zip(scores, labels) if l == 0]
+    positives = [s for s, label in zip(scores, labels) if label == 1]
+    negatives = [s for s, label in zip(scores, labels) if label == 0]
     wins = sum(1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(positives, negatives))
     return wins / (len(positives) * len(negatives))
 
@@ -31,7 +31,7 @@ def test_roc_auc_known_values():
 @given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 1)), min_size=2, max_size=40))
 def test_roc_auc_equals_the_pairwise_definition_with_ties(pairs):
     scores = [float(s) for s, _ in pairs]
-    labels = [l for _, l in pairs]
+    labels = [label for _, label in pairs]
     if len(set(labels)) < 2:
         with pytest.raises(ValueError, match="needs both classes"):
             roc_auc(scores, labels)

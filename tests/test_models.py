@@ -198,3 +198,24 @@ def test_bad_architecture_arguments_are_explained():
         models.get("hep-cnn", "tiny", image_size=4)
     with pytest.raises(ValueError, match="built for 32x32"):
         models.get("vit", "tiny")(torch.randn(1, 3, 64, 64))
+
+
+@pytest.mark.parametrize(
+    ("model", "dataset", "features", "shape_name"),
+    [
+        ("deeplabv3p-climate", "climate-sample", None, "CLIMATE_SAMPLE_SHAPE"),
+        ("hep-cnn", "hep-sample", "images", "JET_IMAGE_SAMPLE_SHAPE"),
+        ("particle-transformer", "hep-sample", "constituents", "JET_CONSTITUENTS_SAMPLE_SHAPE"),
+    ],
+)
+def test_catalog_sample_shapes_match_the_committed_samples(model, dataset, features, shape_name):
+    """The catalog states the samples' shapes instead of importing hpcdl.data (models sit beside data)."""
+    from hpcdl.data import load_dataset
+    from hpcdl.models import catalog
+
+    kwargs = {} if features is None else {"features": features}
+    info = load_dataset(dataset, **kwargs).info
+    stated = getattr(catalog, shape_name)
+    assert tuple(int(n) for n in info["input_shape"]) == stated
+    assert models.spec(model).default_dataset == dataset
+    assert models.spec(model).input_shape("tiny") == stated

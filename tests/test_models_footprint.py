@@ -12,7 +12,6 @@ from hpcdl.cli import main
 from hpcdl.models import names
 from hpcdl.models.footprint import measure, saved_bytes
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from runtime_models import Recurrent, ResidualCNN, TransformerBlock
 from torch import nn
 
 import hpcdl
@@ -26,7 +25,7 @@ from hpcdl.runtime import (
     spec_from_config,
 )
 
-
+from runtime_models import Recurrent, ResidualCNN, TransformerBlock
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from runtime_models import ResidualCNN, TransformerBlock
 from torch import nn
 
 from hpcdl.runtime import Policy, compressed
+
+from runtime_models import ResidualCNN, TransformerBlock
 
 SZ = {"id": "sz", "mode": "rel", "bound": 1e-2}
 

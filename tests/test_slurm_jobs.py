@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import require
-from distributed_worker import WORKER, check_ranks
 
 from hpcdl.slurm import JobRequest, render_script
+
+from conftest import require
+from distributed_worker import WORKER, check_ranks
 from slurm_helpers import slurm_cluster_up, submit_and_wait, submit_cli_and_wait
 
 pytestmark = pytest.mark.slurm

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcdl.cli import main
+from hpcdl.cli import check_command, main
 from hpcdl.slurm import SYSTEMS, JobRequest, render_job
 from hpcdl.slurm.render import fill_template
 
@@ -113,7 +113,14 @@ def test_bad_requests_are_clear_errors(fields, message):
     fields.setdefault("account", None)
     system = fields.pop("system")
     with pytest.raises(ValueError, match=message):
-        render_job(JobRequest(system=system, config="hep-jets", **fields))
+        render_job(JobRequest(system=system, config="hep-jets", **fields), check_command=check_command)
+
+
+def test_the_cli_checks_the_command_inside_the_job(capsys):
+    """The slurm layer cannot import the CLI; the CLI hands it the check (a bad job argument is exit 2)."""
+    assert main(["slurm", "render", "--system", "local", "hep-jets", "--", "--bogus"]) == 2
+    assert "command inside the job" in capsys.readouterr().err
+    assert "--bogus" in render_job(JobRequest(system="local", config="hep-jets", extra_args=("--bogus",)))
 
 
 def test_unknown_config_is_an_error():

@@ -61,8 +61,7 @@ def test_fixtures_cover_every_codec_without_optional_packages():
 
 def test_fixtures_cover_every_block_predictor():
     """The golden streams hold blocks of all four predictors (zigzag, unsigned, Lorenzo, sparse) and a raw fallback."""
-    from hpcdl.compress import intcodec
-    from hpcdl.compress import sz
+    from hpcdl.compress import intcodec, sz
     from hpcdl.compress.header import read_header
     from hpcdl.compress.sz.stream import block_count
 

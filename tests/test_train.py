@@ -17,8 +17,13 @@ import pytest
 import torch
 
 from hpcdl.train import load_config, run_training
-from hpcdl.train.checkpoint import (CheckpointError, CheckpointWarning, latest_checkpoint, list_checkpoints,
-                                    load_checkpoint)
+from hpcdl.train.checkpoint import (
+    CheckpointError,
+    CheckpointWarning,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
 
 SMALL = ["data.dataset=synthetic", "data.synthetic_samples=128", "model.scale=tiny", "train.batch=16",
          "train.steps_per_epoch=4", "train.epochs=2", "logging.progress=false", "compression.method=none"]

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import require
-from mpi_helpers import mpirun_path, run_mpi
 
 from hpcdl import models
 from hpcdl.train import distributed, load_config, run_training
 from hpcdl.train.checkpoint import latest_checkpoint, load_checkpoint
+
+from conftest import require
+from mpi_helpers import mpirun_path, run_mpi
 
 pytestmark = pytest.mark.mpi
 

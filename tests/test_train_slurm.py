@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from conftest import require
 from slurm_helpers import slurm_cluster_up, submit_cli_and_wait
 

@@ -39,7 +39,7 @@ class ClimateSettings:
     samples_per_file: int = 16
 
     @classmethod
-    def for_grid(cls, ny: int, nx: int) -> "ClimateSettings":
+    def for_grid(cls, ny: int, nx: int) -> ClimateSettings:
         """Settings for an ``ny x nx`` grid on the default domain; the time step scales with the spacing."""
         base = QGParams()
         if ny < 8 or nx < 8:

@@ -74,7 +74,8 @@ class TwoLayerQG:
         self.dx = params.lx_m / params.nx
         self.dy = params.ly_m / params.ny
         k = 2 * math.pi * torch.fft.rfftfreq(params.nx, d=self.dx, dtype=dtype)
-        l = 2 * math.pi * torch.fft.fftfreq(params.ny, d=self.dy, dtype=dtype)
+        l = 2 * math.pi * torch.fft.fftfreq(  # noqa: E741  (k, l: x and y wavenumbers, the QG notation)
+            params.ny, d=self.dy, dtype=dtype)
         self.ik = (1j * k)[None, :]
         self.il = (1j * l)[:, None]
         self.wv2 = k[None, :] ** 2 + l[:, None] ** 2

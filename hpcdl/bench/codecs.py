@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from hpcdl.bench.activations import Activations, benchmark_activations, describe
+from hpcdl.bench.activations import benchmark_activations, describe
 from hpcdl.compress import Codec, check_bound, get_codec, value_range
 
 DEFAULT_BOUNDS = (1e-1, 1e-2, 1e-3)

@@ -26,7 +26,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hpcdl.demo import METHODS
+from hpcdl.train.comparison import COMPARED_METHODS
 from hpcdl.units import human_bytes
 
 WORKLOADS = ("climate-deeplab", "hep-jets")
@@ -71,13 +71,13 @@ def run_training_benchmark(out_dir: str | Path = "runs/bench-training", budgets:
                            timeout: float = 1800) -> list[TrainingBenchRow]:
     """Measure every (workload, method); see the module docstring."""
     from hpcdl.train import load_config
-    from hpcdl.units import parse_bytes
     from hpcdl.train.trainer import measured_batch_search
+    from hpcdl.units import parse_bytes
 
     budgets = {**DEFAULT_BUDGETS, **(budgets or {})}
     rows = []
     for workload in workloads:
-        for method, method_overrides in METHODS.items():
+        for method, method_overrides in COMPARED_METHODS.items():
             base = ["data.dataset=synthetic", *method_overrides]
             config = load_config(workload, overrides=base)
             budget = parse_bytes(budgets[workload])

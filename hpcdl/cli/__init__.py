@@ -8,8 +8,12 @@ Every command group lives in its own module here and adds its parsers through
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import sys
+
+from hpcdl.errors import HpcdlError
 
 COMMAND_MODULES = ("demo", "bench", "memory", "data", "models", "train", "slurm", "study")
 
@@ -21,21 +25,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"hpcdl.cli.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"hpcdl.cli.{name}":
-                raise
-            continue
-        module.register(subparsers)
+        # A command module that fails to import is a broken installation: the error propagates instead of the
+        # command silently disappearing from `hpcdl --help`.
+        importlib.import_module(f"hpcdl.cli.{name}").register(subparsers)
     return parser
 
 
-# Errors of what the user gave (a config, a value, a path): one line and exit code 2, like argparse's own.
-# OverflowError is here because Python raises it for numbers too large to use (a value like 1e400).
-USAGE_ERRORS = (ValueError, TypeError, OverflowError, OSError)
-# Errors of a run that started correctly (the loss became NaN): one line and exit code 1.
+def check_command(argv: list[str]) -> None:
+    """Raise ValueError saying why when ``hpcdl argv`` would not parse (e.g. a Slurm job's command line)."""
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
+            build_parser().parse_args(argv)
+    except SystemExit:
+        last = messages.getvalue().strip().splitlines()
+        raise ValueError(last[-1] if last else "it does not parse") from None
+
+
+# NOTE [ exit codes ]
+# Every error hpcdl raises on purpose is an HpcdlError whose ``exit_code`` says what it means: 2 for what the
+# user gave (a config, a value, a path), like argparse's own usage errors; 1 for a run that started correctly
+# and failed (hpcdl.errors.HpcdlRunError). Builtin errors that are still genuinely the user's input: a
+# ValueError from a check not yet given its own class, OverflowError (Python's for numbers too large to use,
+# like 1e400) and OSError (a path that does not exist or cannot be written): exit 2. ArithmeticError other
+# than OverflowError (the loss became NaN: FloatingPointError) ends a run that started: exit 1. Anything
+# else (a TypeError, an AssertionError) is a bug and keeps its traceback.
+USAGE_ERRORS = (ValueError, OverflowError, OSError)
 RUN_ERRORS = (ArithmeticError,)
+
+
+def exit_code(err: BaseException) -> int:
+    """The ``hpcdl`` command's exit status for an error it reports in one line (see NOTE [ exit codes ])."""
+    if isinstance(err, HpcdlError):
+        return err.exit_code
+    return 2 if isinstance(err, USAGE_ERRORS) else 1
 
 
 def error_line(command: str, err: BaseException) -> str:
@@ -51,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except USAGE_ERRORS + RUN_ERRORS as err:
+    except (HpcdlError, *USAGE_ERRORS, *RUN_ERRORS) as err:
         if getattr(args, "debug", False):
             raise
         print(error_line(args.command, err), file=sys.stderr)
-        return 2 if isinstance(err, USAGE_ERRORS) else 1
+        return exit_code(err)
 
 
 if __name__ == "__main__":

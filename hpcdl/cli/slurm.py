@@ -87,16 +87,18 @@ def _request(args: argparse.Namespace):
 
 
 def _render(args: argparse.Namespace) -> int:
+    from hpcdl.cli import check_command
     from hpcdl.slurm import render_job
 
-    sys.stdout.write(render_job(_request(args)))
+    sys.stdout.write(render_job(_request(args), check_command=check_command))
     return 0
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from hpcdl.cli import check_command
     from hpcdl.slurm import format_jobs, render_job, submit_script, wait_for_job
 
-    script = render_job(_request(args))
+    script = render_job(_request(args), check_command=check_command)
     if args.save:
         Path(args.save).write_text(script)
     job_id = submit_script(script)

@@ -56,7 +56,7 @@ class Packed:
         return struct.pack("<I", len(self.header)) + self.header + self.data.cpu().numpy().tobytes()
 
     @classmethod
-    def from_bytes(cls, blob: bytes, device: str | torch.device = "cpu") -> "Packed":
+    def from_bytes(cls, blob: bytes, device: str | torch.device = "cpu") -> Packed:
         if len(blob) < 4:
             raise CodecError(f"packed bytes are truncated: {len(blob)} bytes, need at least 4")
         (header_len,) = struct.unpack("<I", blob[:4])
@@ -186,7 +186,7 @@ class Codec(ABC):
         """A JSON-safe dict with ``"id"`` that :func:`hpcdl.compress.get_codec` turns back into an equal codec."""
 
     @classmethod
-    def from_config(cls, config: dict) -> "Codec":
+    def from_config(cls, config: dict) -> Codec:
         options = {key: value for key, value in config.items() if key != "id"}
         try:
             return cls(**options)

@@ -37,7 +37,6 @@ def unpack_bits(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     _check_bits(bits)
     if bits == 8:
         return packed[:count].clone()
-    per_byte = 8 // bits
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
     mask = (1 << bits) - 1
     values = (packed.unsqueeze(1) >> shifts) & mask

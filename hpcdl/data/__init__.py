@@ -10,8 +10,15 @@
 """
 
 from .datasets import load_dataset, split_indices
-from .errors import (ChecksumError, DataError, LabelRangeError, MalformedFileError, MissingFileError, ShapeError,
-                     TruncatedFileError)
+from .errors import (
+    ChecksumError,
+    DataError,
+    LabelRangeError,
+    MalformedFileError,
+    MissingFileError,
+    ShapeError,
+    TruncatedFileError,
+)
 from .manifest import Manifest, read_manifest, verify_checksums
 from .samples import SAMPLE_NAMES
 from .sharded import ShardedLoader

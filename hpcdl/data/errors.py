@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpcdl.errors import HpcdlError
 
-class DataError(ValueError):
+
+class DataError(HpcdlError, ValueError):
     """A data file or manifest cannot be used; ``path`` is the offending file."""
 
     def __init__(self, path: str | Path, problem: str) -> None:

@@ -106,7 +106,7 @@ def write_manifest(root: str | Path, *, name: str, kind: str, task: str, class_n
     """Checksum ``files`` ((path, samples) pairs under ``root``) and write ``root/manifest.json``."""
     root = Path(root)
     entries = [file_entry(root, Path(path), samples) for path, samples in files]
-    details = {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    details = {"created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
     details.update(extra or {})
     manifest = Manifest(root=root, name=name, kind=kind, task=task, num_classes=len(class_names),
                         class_names=list(class_names), sample_shape=sample_shape,

@@ -161,7 +161,7 @@ class OpenHDF5File:
     def __iter__(self):
         return iter(self.file)
 
-    def __enter__(self) -> "OpenHDF5File":
+    def __enter__(self) -> OpenHDF5File:
         return self
 
     def __exit__(self, *exc) -> None:

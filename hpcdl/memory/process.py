@@ -14,7 +14,7 @@ import struct
 import subprocess
 import sys
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -37,13 +37,15 @@ class MeasuringProcess:
             [sys.executable, "-c", f"import hpcdl.memory.process as m; m.serve({int(threads)})"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
         )
+        assert self.process.stdin is not None and self.process.stdout is not None  # both are PIPEs
+        self.requests, self.replies = self.process.stdin, self.process.stdout
 
     def peak(self, setup: Callable) -> PeakReport:
         payload = pickle.dumps(setup)
         try:
-            self.process.stdin.write(struct.pack("<Q", len(payload)) + payload)
-            self.process.stdin.flush()
-            reply = _read_frame(self.process.stdout)
+            self.requests.write(struct.pack("<Q", len(payload)) + payload)
+            self.requests.flush()
+            reply = _read_frame(self.replies)
         except (BrokenPipeError, EOFError):
             code = self.process.wait()
             raise RuntimeError(f"the measuring process died (exit status {code}); see its stderr above") from None
@@ -55,11 +57,11 @@ class MeasuringProcess:
         return value
 
     def close(self) -> None:
-        self.process.stdin.close()
+        self.requests.close()
         self.process.wait()
-        self.process.stdout.close()  # else a ResourceWarning at garbage collection (an error under pytest)
+        self.replies.close()  # else a ResourceWarning at garbage collection (an error under pytest)
 
-    def __enter__(self) -> "MeasuringProcess":
+    def __enter__(self) -> MeasuringProcess:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -87,6 +89,7 @@ def serve(threads: int) -> None:
             setup = pickle.loads(_read_frame(sys.stdin.buffer))
         except EOFError:
             return
+        reply: tuple[str, object]
         try:
             reply = ("ok", measure_step(setup, torch.device("cpu")))
         except Exception as err:

@@ -11,8 +11,8 @@ or given as module-level callables; the optimizer as a module-level factory (e.g
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +62,7 @@ class Workload:
     loss: str | Callable | None = None
 
     @classmethod
-    def of(cls, model, **kw) -> "Workload":
+    def of(cls, model, **kw) -> Workload:
         """From a Workload, a zoo name or callable, or the trainer's ``(name, scale[, options])`` tuple."""
         if isinstance(model, Workload):
             return replace(model, **kw) if kw else model

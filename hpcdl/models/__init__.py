@@ -4,6 +4,7 @@
 (:class:`ModelSpec`), ``names()`` lists them. Every model is called as ``model(x)``.
 """
 
-from hpcdl.models.registry import ModelSpec, Scale, get, names, register, spec
+from hpcdl.models import catalog as _catalog  # noqa: F401  (registers the built-in models)
+from hpcdl.models.registry import ModelError, ModelOptionError, ModelSpec, Scale, get, names, register, spec
 
-__all__ = ["ModelSpec", "Scale", "get", "names", "register", "spec"]
+__all__ = ["ModelError", "ModelOptionError", "ModelSpec", "Scale", "get", "names", "register", "spec"]

@@ -9,42 +9,30 @@ without arguments; their ``full`` scales take the published input shapes.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from hpcdl.models.climate import DeepLabV3Plus
 from hpcdl.models.hep import JetImageCNN, ParticleTransformer
 from hpcdl.models.registry import ModelSpec, Scale, register
 from hpcdl.models.text import GPT
-from hpcdl.models.vision import AlexNet, ResNet, VGG16BN, VisionTransformer
+from hpcdl.models.vision import VGG16BN, AlexNet, ResNet, VisionTransformer
 
-# Used only while the data package or its committed samples are not installed.
-CLIMATE_SAMPLE_FALLBACK = (6, 96, 144)
-JET_IMAGE_FALLBACK = (1, 32, 32)
-JET_CONSTITUENTS_FALLBACK = (64, 5)  # delta_eta, delta_phi, log pT, log E, mask
+# Per-sample input shapes of the committed data samples (hpcdl_datasets/samples), as hpcdl.data.load_dataset
+# gives them, so that the CPU scales train on those samples without arguments. Stated here rather than read
+# from the samples: models sit beside data in the layers and do not import it; tests/test_models.py checks
+# these against the committed samples.
+CLIMATE_SAMPLE_SHAPE = (6, 96, 144)  # climate-sample: channels, height, width
+JET_IMAGE_SAMPLE_SHAPE = (1, 32, 32)  # hep-sample, features="images"
+JET_CONSTITUENTS_SAMPLE_SHAPE = (64, 5)  # hep-sample, features="constituents": delta_eta, delta_phi, log pT, log E, mask
 DEEPCAM_INPUT = (16, 768, 1152)
-
-
-@functools.cache
-def sample_input_shape(dataset: str, fallback: tuple[int, ...], features: str | None = None) -> tuple[int, ...]:
-    """Per-sample input shape of a committed data sample, or ``fallback`` if the sample is not installed."""
-    try:
-        from hpcdl.data import load_dataset
-    except ImportError as err:  # the data package (or its load_dataset) is not installed
-        if err.name != "hpcdl.data":
-            raise
-        return fallback
-    kwargs = {} if features is None else {"features": features}
-    try:
-        info = load_dataset(dataset, **kwargs).info
-    except FileNotFoundError:
-        return fallback
-    return tuple(int(n) for n in info["input_shape"])
+# The names these had while they were fallbacks for an uninstalled sample; kept for one release.
+CLIMATE_SAMPLE_FALLBACK = CLIMATE_SAMPLE_SHAPE
+JET_IMAGE_FALLBACK = JET_IMAGE_SAMPLE_SHAPE
+JET_CONSTITUENTS_FALLBACK = JET_CONSTITUENTS_SAMPLE_SHAPE
 
 
 def _climate_scales() -> dict[str, Scale]:
-    channels, height, width = sample_input_shape("climate-sample", CLIMATE_SAMPLE_FALLBACK)
+    channels, height, width = CLIMATE_SAMPLE_SHAPE
     return {
         "tiny": Scale(
             dict(in_channels=channels, block="basic", layers=(1, 1, 1, 1), width=8, output_stride=8,
@@ -62,7 +50,7 @@ def _climate_scales() -> dict[str, Scale]:
 
 
 def _jet_image_scales() -> dict[str, Scale]:
-    channels, height, width = sample_input_shape("hep-sample", JET_IMAGE_FALLBACK, "images")
+    channels, height, width = JET_IMAGE_SAMPLE_SHAPE
     sample = dict(in_channels=channels, image_size=(height, width))
     return {
         "tiny": Scale(dict(sample, channels=(8, 16, 32), hidden=32), (channels, height, width)),
@@ -73,7 +61,7 @@ def _jet_image_scales() -> dict[str, Scale]:
 
 
 def _particle_scales() -> dict[str, Scale]:
-    particles, features = sample_input_shape("hep-sample", JET_CONSTITUENTS_FALLBACK, "constituents")
+    particles, features = JET_CONSTITUENTS_SAMPLE_SHAPE
     return {
         "tiny": Scale(dict(num_features=features, dim=32, heads=4, depth=2, class_depth=1), (particles, features)),
         "small": Scale(dict(num_features=features, dim=64, heads=8, depth=4, class_depth=2), (particles, features)),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hpcdl.models.registry import spec
+from hpcdl.models.registry import ModelError, spec
 from hpcdl.runtime.classify import storage_key
 from hpcdl.runtime.observe import observe_saved
 
@@ -61,7 +61,7 @@ def saved_bytes(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, l
 
 
 @dataclass(frozen=True)
-class Footprint:
+class ModelFootprint:
     """A model at one scale: parameter count, per-sample input shape and activation bytes per sample."""
 
     name: str
@@ -73,7 +73,11 @@ class Footprint:
     device: str
 
 
-def measure(name: str, scale: str, device: str = "fake") -> Footprint:
+# The old name, kept for one release: hpcdl.runtime.classify.Footprint is another thing (a tensor's storage span).
+Footprint = ModelFootprint
+
+
+def measure(name: str, scale: str, device: str = "fake") -> ModelFootprint:
     """Measure model ``name`` at ``scale`` with training-mode steps at batch 1 and batch 2.
 
     Per-sample bytes are the difference between the two batches, so batch-independent
@@ -100,7 +104,7 @@ def measure(name: str, scale: str, device: str = "fake") -> Footprint:
             counts.append(saved_bytes(model, x.to(torch_device), y.to(torch_device), model_spec.loss))
             model.zero_grad(set_to_none=True)
         parameters = sum(p.numel() for p in model.parameters())
-    return Footprint(
+    return ModelFootprint(
         name=name,
         scale=scale,
         parameters=parameters,
@@ -115,9 +119,9 @@ def _real_device(device: str) -> torch.device:
     try:
         torch_device = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"unknown device {device!r}; use 'fake', 'cpu' or 'cuda'") from None
+        raise ModelError(f"unknown device {device!r}; use 'fake', 'cpu' or 'cuda'") from None
     if torch_device.type == "meta":
-        raise ValueError("device 'meta' picks other attention kernels than a real step; use 'fake' for shape-only runs")
+        raise ModelError("device 'meta' picks other attention kernels than a real step; use 'fake' for shape-only runs")
     if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' asked for but no CUDA device is available; use 'fake' or 'cpu'")
+        raise ModelError("device 'cuda' asked for but no CUDA device is available; use 'fake' or 'cpu'")
     return torch_device

@@ -4,22 +4,31 @@ A :class:`ModelSpec` says everything a trainer, a memory study or a benchmark ne
 to drive a model without knowing its class: the task, the input it takes at each
 scale, how to make a random batch of that input, the loss, and the blocks to wrap in
 gradient checkpointing. The built-in models register themselves from
-:mod:`hpcdl.models.catalog`, imported on first use.
+:mod:`hpcdl.models.catalog`, which the package ``hpcdl.models`` imports (this module never imports it:
+the catalog depends on the registry, not the other way round).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpcdl.errors import HpcdlError
+
 TASKS = ("segmentation", "classification", "language")
+
+
+class ModelError(HpcdlError, ValueError):
+    """An unknown model or scale, or a model description that cannot be registered."""
+
+
+class ModelOptionError(HpcdlError, TypeError):
+    """Constructor options a model does not take (a TypeError, as Python's own for an unknown keyword)."""
 
 
 @dataclass(frozen=True)
@@ -34,8 +43,8 @@ class Scale:
 class ModelSpec:
     """What a model is for and what it takes; see the module docstring.
 
-    ``scale_table`` returns {scale name: :class:`Scale`}; it is a function so that
-    scales sized after a committed data sample look at the sample only when asked.
+    ``scale_table`` returns {scale name: :class:`Scale`}; it is a function so that a model's
+    scales are built only when asked for.
     ``make_input`` overrides how :meth:`example_batch` draws inputs (the particle
     transformer draws zero-padded particle sets).
     """
@@ -55,13 +64,13 @@ class ModelSpec:
 
     def __post_init__(self):
         if self.task not in TASKS:
-            raise ValueError(f"model {self.name!r}: task must be one of {', '.join(TASKS)}, got {self.task!r}")
+            raise ModelError(f"model {self.name!r}: task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if not self.scales:
-            raise ValueError(f"model {self.name!r} declares no scales")
+            raise ModelError(f"model {self.name!r} declares no scales")
 
     def scale(self, scale: str) -> Scale:
         if scale not in self.scales:
-            raise ValueError(f"model {self.name!r} has no scale {scale!r}; its scales are {', '.join(self.scales)}")
+            raise ModelError(f"model {self.name!r} has no scale {scale!r}; its scales are {', '.join(self.scales)}")
         return self.scale_table()[scale]
 
     def input_shape(self, scale: str) -> tuple[int, ...]:
@@ -74,7 +83,7 @@ class ModelSpec:
         accepted = set(inspect.signature(self.model_class).parameters)
         unknown = sorted(set(overrides) - accepted)
         if unknown:
-            raise TypeError(
+            raise ModelOptionError(
                 f"model {self.name!r} does not take {', '.join(unknown)}; it takes {', '.join(sorted(accepted))}"
             )
         kwargs.update(overrides)
@@ -100,7 +109,7 @@ class ModelSpec:
         about it is learnable beyond memorisation: never report accuracy on it.
         """
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            raise ModelError(f"batch_size must be a positive int, got {batch_size!r}")
         shape = self.input_shape(scale)
         if self.task == "language":
             tokens = torch.randint(self.num_classes, (batch_size, shape[0] + 1), generator=generator)
@@ -125,27 +134,20 @@ _REGISTRY: dict[str, ModelSpec] = {}
 def register(model_spec: ModelSpec, *, replace: bool = False) -> ModelSpec:
     """Add a model to the registry (built-ins register from :mod:`hpcdl.models.catalog`)."""
     if model_spec.name in _REGISTRY and not replace:
-        raise ValueError(f"model {model_spec.name!r} is already registered; pass replace=True")
+        raise ModelError(f"model {model_spec.name!r} is already registered; pass replace=True")
     _REGISTRY[model_spec.name] = model_spec
     return model_spec
 
 
-@functools.cache
-def _load_builtins() -> None:
-    importlib.import_module("hpcdl.models.catalog")
-
-
 def names() -> list[str]:
     """Every registered model name, in registration order (climate, HEP, vision, text)."""
-    _load_builtins()
     return list(_REGISTRY)
 
 
 def spec(name: str) -> ModelSpec:
-    """The :class:`ModelSpec` of ``name``; unknown names raise ValueError listing the known ones."""
-    _load_builtins()
+    """The :class:`ModelSpec` of ``name``; unknown names raise ModelError (a ValueError) listing the known ones."""
     if name not in _REGISTRY:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(_REGISTRY)}")
+        raise ModelError(f"unknown model {name!r}; known models: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
 
 

@@ -1,10 +1,14 @@
 """Compressed activations in training: the saved-tensor session, policies, and what they saved.
 
->>> policy = hpcdl.Policy.static({"id": "sz", "mode": "rel", "bound": 1e-2})
->>> with hpcdl.compressed(model, policy) as session:
-...     loss = loss_fn(model(x), y)
->>> loss.backward()
->>> print(session.stats.table())
+Use::
+
+    policy = hpcdl.Policy.static({"id": "sz", "mode": "rel", "bound": 1e-2})
+    with hpcdl.compressed(model, policy) as session:
+        loss = loss_fn(model(x), y)
+    loss.backward()
+    print(session.stats.table())
+
+(:mod:`hpcdl`'s own docstring holds the same example as a doctest that runs.)
 """
 
 from hpcdl.runtime.policy import (
@@ -12,6 +16,7 @@ from hpcdl.runtime.policy import (
     GradStat,
     PerModuleController,
     Policy,
+    PolicySpecError,
     SavedTensorInfo,
     StaticController,
     config_from_spec,
@@ -35,6 +40,7 @@ __all__ = [
     "GradStat",
     "PerModuleController",
     "Policy",
+    "PolicySpecError",
     "ReleasedError",
     "Row",
     "SavedTensorInfo",

@@ -51,7 +51,7 @@ class Footprint:
     offset: int
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> "Footprint":
+    def of(cls, tensor: torch.Tensor) -> Footprint:
         return cls(tuple(tensor.size()), tuple(tensor.stride()), tensor.storage_offset())
 
     @property
@@ -102,7 +102,7 @@ class Layout:
     order: tuple[int, ...]
 
     @classmethod
-    def of(cls, footprint: Footprint) -> "Layout":
+    def of(cls, footprint: Footprint) -> Layout:
         distinct = footprint.distinct_size
         order = tuple(sorted(range(len(distinct)), key=lambda d: (-footprint.stride[d], -distinct[d])))
         extent, dense = 1, True  # the span of the dims seen so far, from the smallest stride up

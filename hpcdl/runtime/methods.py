@@ -31,8 +31,8 @@ functions, policies), so a measuring subprocess can rebuild the step.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.utils.checkpoint
@@ -63,10 +63,10 @@ class ActivationMethod:
     def observe_gradients(self, model: torch.nn.Module) -> None:
         """Called after backward with the model's gradients in place."""
 
-    def parts(self) -> tuple["ActivationMethod", ...]:
+    def parts(self) -> tuple[ActivationMethod, ...]:
         return (self,)
 
-    def __add__(self, other: "ActivationMethod") -> "Combined":
+    def __add__(self, other: ActivationMethod) -> ActivationMethod:
         return compose(self, other)
 
     def describe(self) -> str:
@@ -113,9 +113,11 @@ class Codec(ActivationMethod):
             yield session.stats
 
     def observe_gradients(self, model: torch.nn.Module) -> None:
+        assert isinstance(self.policy, Policy)  # coerced in __post_init__
         self.policy.record_gradients(model)
 
     def describe(self) -> str:
+        assert isinstance(self.policy, Policy)
         return f"codec:{self.policy.describe()}"
 
 

@@ -13,7 +13,7 @@ written on it; the session (which replaces what is saved) shares its module trac
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -35,7 +35,7 @@ class ModuleTracker:
     def current(self) -> str:
         return self.stack[-1] if self.stack else OUTSIDE
 
-    def __enter__(self) -> "ModuleTracker":
+    def __enter__(self) -> ModuleTracker:
         for name, module in self.model.named_modules():
             label = name or ROOT
             self._handles.append(module.register_forward_pre_hook(self._enter(label)))

@@ -25,12 +25,18 @@ import fnmatch
 import json
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import torch
 
 from hpcdl.compress import ERROR_BOUND_MODES, FLOAT_DTYPES, Codec, get_codec
+from hpcdl.errors import HpcdlError
+
+
+class PolicySpecError(HpcdlError, ValueError):
+    """A method spec or codec config a policy cannot use; the message shows the accepted form."""
+
 
 MASK_CODEC = {"id": "bitmask"}
 INDEX_CODEC = {"id": "int"}
@@ -75,7 +81,7 @@ class Controller(ABC):
         """Every config this controller can return, so that a policy can validate them up front."""
         return []
 
-    def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:
+    def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:  # noqa: B027  (optional hook)
         """Called with last step's gradient statistics; the built-in controllers ignore them."""
 
 
@@ -128,15 +134,15 @@ class Policy:
             self._check_activation_codec(config)
         for config, dtype in ((masks, torch.bool), (indices, torch.int64)):
             if config is not None and dtype not in self.codec(config).dtypes:
-                raise ValueError(f"codec {config!r} cannot encode {dtype} tensors")
+                raise PolicySpecError(f"codec {config!r} cannot encode {dtype} tensors")
 
     @classmethod
-    def static(cls, config: dict | None, **routing) -> "Policy":
+    def static(cls, config: dict | None, **routing) -> Policy:
         """One codec config for every floating tensor (None keeps them as they are)."""
         return cls(StaticController(config), **routing)
 
     @classmethod
-    def per_module(cls, patterns: Mapping[str, dict | None], default: dict | None = None, **routing) -> "Policy":
+    def per_module(cls, patterns: Mapping[str, dict | None], default: dict | None = None, **routing) -> Policy:
         """Codec configs by glob over qualified module names, e.g. ``{"encoder.*": {...}}``; first match wins."""
         return cls(PerModuleController(patterns, default), **routing)
 
@@ -156,7 +162,7 @@ class Policy:
     def _check_activation_codec(self, config: dict) -> None:
         codec = self.codec(config)
         if not codec.dtypes & FLOAT_DTYPES:
-            raise ValueError(
+            raise PolicySpecError(
                 f"codec {config!r} cannot encode floating tensors, so it cannot compress activations; "
                 "use a float codec such as {'id': 'sz', 'mode': 'rel', 'bound': 1e-2} or {'id': 'raw'}"
             )
@@ -212,20 +218,32 @@ def _parse_value(text: str):
 
 
 def config_from_spec(spec: str) -> dict | None:
-    """``"sz:rel=1e-2"`` -> ``{"id": "sz", "mode": "rel", "bound": 0.01}``; ``"none"`` -> None."""
+    """``"sz:rel=1e-2"`` -> ``{"id": "sz", "mode": "rel", "bound": 0.01}``; ``"none"`` -> None.
+
+    >>> config_from_spec("sz:rel=1e-2")
+    {'id': 'sz', 'mode': 'rel', 'bound': 0.01}
+    >>> config_from_spec("quant:bits=2,group_size=128")
+    {'id': 'quant', 'bits': 2, 'group_size': 128}
+    >>> config_from_spec("none") is None
+    True
+    >>> config_from_spec("sz:rel")
+    Traceback (most recent call last):
+    ...
+    hpcdl.runtime.policy.PolicySpecError: option 'rel' in 'sz:rel' needs the form key=value (e.g. 'sz:rel=1e-2')
+    """
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"a method spec is a string like 'sz:rel=1e-2', 'quant:bits=2', 'cast:bf16' or 'raw', got {spec!r}")
+        raise PolicySpecError(f"a method spec is a string like 'sz:rel=1e-2', 'quant:bits=2', 'cast:bf16' or 'raw', got {spec!r}")
     codec_id, _, options = spec.strip().partition(":")
     if codec_id == "none":
         if options:
-            raise ValueError(f"method spec 'none' takes no options, got {spec!r}")
+            raise PolicySpecError(f"method spec 'none' takes no options, got {spec!r}")
         return None
     config: dict = {"id": codec_id}
     for option in filter(None, (o.strip() for o in options.split(","))):
         key, equals, value = option.partition("=")
         if not equals:
             if codec_id not in _POSITIONAL_OPTION:
-                raise ValueError(f"option {option!r} in {spec!r} needs the form key=value (e.g. 'sz:rel=1e-2')")
+                raise PolicySpecError(f"option {option!r} in {spec!r} needs the form key=value (e.g. 'sz:rel=1e-2')")
             key, value = _POSITIONAL_OPTION[codec_id], option
         if key in ERROR_BOUND_MODES:
             config["mode"], config["bound"] = key, _parse_value(value)
@@ -251,12 +269,18 @@ def spec_from_config(config: dict | None) -> str:
 
 
 def policy_from_spec(spec: str, **routing) -> Policy | None:
-    """A static :class:`Policy` from a method spec; ``"none"`` gives None (no compression)."""
+    """A static :class:`Policy` from a method spec; ``"none"`` gives None (no compression).
+
+    >>> policy_from_spec("cast:bf16")
+    Policy(cast:bf16)
+    >>> spec_from_config({"id": "sz", "mode": "rel", "bound": 0.01})
+    'sz:rel=0.01'
+    """
     config = config_from_spec(spec)
     return None if config is None else Policy.static(config, **routing)
 
 
-def as_policy(policy: "Policy | str | dict | None") -> Policy | None:
+def as_policy(policy: Policy | str | dict | None) -> Policy | None:
     """A :class:`Policy` (or None: nothing compressed) from a Policy, a method spec, a codec config dict or None.
 
     The one place that turns what users pass as ``policy=`` into a Policy; the session, the

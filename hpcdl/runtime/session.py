@@ -36,6 +36,7 @@ import weakref
 import torch
 
 from hpcdl.compress import Codec, Packed, check_bound
+from hpcdl.errors import HpcdlRunError
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
 from hpcdl.runtime.observe import ModuleTracker
 from hpcdl.runtime.policy import Policy, as_policy
@@ -50,11 +51,11 @@ class CompressionFallbackWarning(UserWarning):
     """A codec failed on a saved tensor; the tensor was kept uncompressed (once per module and policy)."""
 
 
-class VerificationError(AssertionError):
+class VerificationError(HpcdlRunError, AssertionError):
     """In ``verify=True`` mode, a decompressed tensor broke its codec's guarantee."""
 
 
-class ReleasedError(RuntimeError):
+class ReleasedError(HpcdlRunError, RuntimeError):
     """Backward asked for a saved tensor whose packed data was already released."""
 
 
@@ -176,7 +177,7 @@ class Session:
         self._state = "new"
 
     # -- context manager ------------------------------------------------------------------------------------
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         if self._state != "new":
             raise RuntimeError("a session covers one forward pass; open a new one with hpcdl.compressed(model, policy)")
         if getattr(_active, "session", None) is not None:

@@ -33,7 +33,7 @@ class Row:
     def ratio(self) -> float:
         return self.original / self.packed if self.packed else 1.0
 
-    def add(self, other: "Row") -> None:
+    def add(self, other: Row) -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 

@@ -6,9 +6,10 @@
     job_id = submit_script(script)
 """
 
+from hpcdl.slurm.errors import SlurmError
 from hpcdl.slurm.render import JobRequest, render_job, render_script
 from hpcdl.slurm.submit import JobInfo, format_jobs, job_status, submit_script, wait_for_job
 from hpcdl.slurm.systems import SYSTEMS, SlurmSystem, get_system
 
-__all__ = ["JobInfo", "JobRequest", "SYSTEMS", "SlurmSystem", "format_jobs", "get_system", "job_status",
+__all__ = ["JobInfo", "JobRequest", "SYSTEMS", "SlurmError", "SlurmSystem", "format_jobs", "get_system", "job_status",
            "render_job", "render_script", "submit_script", "wait_for_job"]

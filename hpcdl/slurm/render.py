@@ -2,20 +2,20 @@
 
 Everything is checked here, before anything reaches ``sbatch``: the system exists, the fields it needs
 (the account on allocation-based systems) are given, the Slurm values are well formed, the training
-config loads with its ``--set`` overrides, and the command line inside the job parses.
+config loads with its ``--set`` overrides, and (given the CLI's check) the command line inside the job parses.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import shlex
 import sys
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hpcdl.slurm.errors import SlurmError
 from hpcdl.slurm.systems import SlurmSystem, get_system
 
 PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -76,13 +76,23 @@ class JobRequest:
     extra_directives: tuple[str, ...] = ()
 
 
-def render_job(request: JobRequest) -> str:
-    """The complete sbatch script for ``request``; raises ValueError/FileNotFoundError on bad input."""
+def render_job(request: JobRequest, *, check_command: Callable[[list[str]], None] | None = None) -> str:
+    """The complete sbatch script for ``request``; raises ValueError/FileNotFoundError on bad input.
+
+    ``check_command(argv)`` raises ValueError when ``hpcdl argv`` (the command every rank runs) would not
+    parse; the ``hpcdl slurm`` command passes :func:`hpcdl.cli.check_command`. This layer sits below the
+    command line and cannot ask it itself: without a check, the Slurm fields and the training config are
+    still checked, the command's extra arguments (``request.extra_args``) are not.
+    """
     system = get_system(request.system)
     request = _with_defaults(request, system)
     _check_request(request, system)
     argv, command = _job_command(request, system)
-    _check_command_parses(argv)
+    if check_command is not None:
+        try:
+            check_command(argv)
+        except ValueError as err:
+            raise SlurmError(f"the command inside the job, `hpcdl {shlex.join(argv)}`, is wrong: {err}") from None
     return render_script(request, command)
 
 
@@ -110,7 +120,7 @@ def fill_template(text: str, values: dict[str, str]) -> str:
     """Replace every ``{{name}}``; a placeholder without a value is an error, never left in the script."""
     missing = sorted({name for name in PLACEHOLDER.findall(text) if name not in values})
     if missing:
-        raise ValueError(f"template placeholders without a value: {', '.join(missing)}")
+        raise SlurmError(f"template placeholders without a value: {', '.join(missing)}")
     return PLACEHOLDER.sub(lambda match: values[match.group(1)], text)
 
 
@@ -135,9 +145,9 @@ def _has_control_characters(text: str) -> bool:
 def check_argument(what: str, value: str) -> str:
     """``value`` if it can be one shell-quoted argument on the job's command line (a single line)."""
     if not isinstance(value, str):
-        raise ValueError(f"{what} {value!r} must be a string, not {type(value).__name__}")
+        raise SlurmError(f"{what} {value!r} must be a string, not {type(value).__name__}")
     if _has_control_characters(value):
-        raise ValueError(f"{what} {value!r} holds a control character (a newline, tab, escape, line "
+        raise SlurmError(f"{what} {value!r} holds a control character (a newline, tab, escape, line "
                          "separator or similar); job arguments must be printable text on one line")
     return value
 
@@ -145,27 +155,27 @@ def check_argument(what: str, value: str) -> str:
 def _check_request(request: JobRequest, system: SlurmSystem) -> None:
     for name in system.required:
         if not getattr(request, name):
-            raise ValueError(f"system {system.name!r} needs {REQUIRED_FIELD_HELP.get(name, '--' + name)}")
+            raise SlurmError(f"system {system.name!r} needs {REQUIRED_FIELD_HELP.get(name, '--' + name)}")
     for name in ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "array"):
         value = getattr(request, name)
         if (value is not None or name == "nodes") and (not isinstance(value, int) or isinstance(value, bool)
                                                         or value < 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+            raise SlurmError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
     if not (isinstance(request.time, str) and TIME_FORMAT.fullmatch(request.time)):
-        raise ValueError(
+        raise SlurmError(
             f"--time {request.time!r} is not a Slurm time limit; use HH:MM:SS, D-HH:MM:SS or minutes (e.g. 02:00:00)"
         )
     for name, (pattern, allowed) in FIELD_FORMATS.items():
         value = getattr(request, name)
         if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
-            raise ValueError(f"--{name.replace('_', '-')} {value!r} is not allowed in a job script; use {allowed}")
+            raise SlurmError(f"--{name.replace('_', '-')} {value!r} is not allowed in a job script; use {allowed}")
     for directive in request.extra_directives:
         if not (isinstance(directive, str) and EXTRA_DIRECTIVE.fullmatch(directive)):
-            raise ValueError(f"extra sbatch directive {directive!r} must be one option like --mail-type=END: "
+            raise SlurmError(f"extra sbatch directive {directive!r} must be one option like --mail-type=END: "
                              "--NAME or --NAME=VALUE, the value without spaces, quotes, backslashes or '#'")
     for line in request.setup:
         if not isinstance(line, str) or _has_control_characters(line):
-            raise ValueError(f"--setup takes one shell line per use, got {line!r} (it holds a newline or another "
+            raise SlurmError(f"--setup takes one shell line per use, got {line!r} (it holds a newline or another "
                              "control character)")
     for text in request.overrides:
         check_argument("--set", text)
@@ -198,19 +208,6 @@ def _job_command(request: JobRequest, system: SlurmSystem) -> tuple[list[str], s
     argv = ["study", "run", "--config", config, *sets, *request.extra_args]
     display = " ".join(shlex.quote(arg) for arg in [python, "-m", "hpcdl", *argv]) + f' --shard "{shard}"'
     return [*argv, "--shard", f"0/{request.array}"], display
-
-
-def _check_command_parses(argv: list[str]) -> None:
-    from hpcdl.cli import build_parser
-
-    messages = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(messages), contextlib.redirect_stdout(messages):
-            build_parser().parse_args(argv)
-    except SystemExit:
-        last = messages.getvalue().strip().splitlines()
-        reason = last[-1] if last else "it does not parse"
-        raise ValueError(f"the command inside the job, `hpcdl {shlex.join(argv)}`, is wrong: {reason}") from None
 
 
 def _directives(request: JobRequest) -> list[str]:

@@ -12,6 +12,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 
+from hpcdl.slurm.errors import SlurmError
+
 # States after which a job will not run again (Slurm's job state codes, long form).
 FINAL_STATES = frozenset({
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
@@ -65,17 +67,17 @@ def submit_script(script: str, extra_args: tuple[str, ...] = ()) -> str:
     """Submit ``script`` (its text) with sbatch and return the job id."""
     result = _run([_slurm_command("sbatch"), "--parsable", *extra_args], stdin=script)
     if result.returncode != 0:
-        raise ValueError(f"sbatch refused the job: {result.stderr.strip() or result.stdout.strip()}")
+        raise SlurmError(f"sbatch refused the job: {result.stderr.strip() or result.stdout.strip()}")
     job_id = result.stdout.strip().split(";")[0]
     if not job_id.isdigit():
-        raise ValueError(f"sbatch answered {result.stdout.strip()!r}, which holds no job id")
+        raise SlurmError(f"sbatch answered {result.stdout.strip()!r}, which holds no job id")
     return job_id
 
 
 def job_status(job_id: str | None = None, user: str | None = None) -> list[JobInfo]:
     """Queued and running jobs (all of ``user``'s, or all when None), or the one ``job_id`` wherever it is."""
     if job_id is not None and not str(job_id).split("_")[0].isdigit():
-        raise ValueError(f"a job id is a number (or NUMBER_TASK for an array task), got {job_id!r}")
+        raise SlurmError(f"a job id is a number (or NUMBER_TASK for an array task), got {job_id!r}")
     argv = [_slurm_command("squeue"), "--noheader", f"--format={SQUEUE_FORMAT}"]
     if job_id is not None:
         argv.append(f"--jobs={job_id}")
@@ -86,7 +88,7 @@ def job_status(job_id: str | None = None, user: str | None = None) -> list[JobIn
     queued = [_from_squeue(line) for line in result.stdout.splitlines() if line.strip()] if result.returncode == 0 else []
     if queued or job_id is None:
         if result.returncode != 0 and job_id is None:
-            raise ValueError(f"squeue failed: {result.stderr.strip()}")
+            raise SlurmError(f"squeue failed: {result.stderr.strip()}")
         return queued
     return _from_sacct(str(job_id)) or _from_scontrol(str(job_id))
 
@@ -114,7 +116,7 @@ def _split_around_name(line: str, fields_after: int) -> tuple[str, str, list[str
     """
     parts = line.split("|")
     if len(parts) < fields_after + 2:
-        raise ValueError(f"Slurm printed {line!r}, which has fewer than {fields_after + 2} '|'-separated fields")
+        raise SlurmError(f"Slurm printed {line!r}, which has fewer than {fields_after + 2} '|'-separated fields")
     return parts[0], "|".join(parts[1:-fields_after]), parts[-fields_after:]
 
 
@@ -165,7 +167,7 @@ def _from_sacct(job_id: str) -> list[JobInfo]:
 def _from_scontrol(job_id: str) -> list[JobInfo]:
     result = _run([_slurm_command("scontrol"), "--oneliner", "show", "job", job_id])
     if result.returncode != 0:
-        raise ValueError(f"Slurm knows no job {job_id}: {result.stderr.strip() or result.stdout.strip()}")
+        raise SlurmError(f"Slurm knows no job {job_id}: {result.stderr.strip() or result.stdout.strip()}")
     return [job for line in result.stdout.splitlines() if (job := _from_scontrol_line(line)) is not None]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from importlib import resources
 
+from hpcdl.slurm.errors import SlurmError
+
 
 @dataclass(frozen=True)
 class SlurmSystem:
@@ -63,8 +65,8 @@ SYSTEMS: dict[str, SlurmSystem] = {
 
 def get_system(name: str | None) -> SlurmSystem:
     if not name:
-        raise ValueError(f"a system is required (--system); choose one of {', '.join(SYSTEMS)}")
+        raise SlurmError(f"a system is required (--system); choose one of {', '.join(SYSTEMS)}")
     try:
         return SYSTEMS[name]
     except KeyError:
-        raise ValueError(f"unknown Slurm system {name!r}; choose one of {', '.join(SYSTEMS)}") from None
+        raise SlurmError(f"unknown Slurm system {name!r}; choose one of {', '.join(SYSTEMS)}") from None

@@ -24,6 +24,13 @@ from dataclasses import dataclass
 
 import yaml
 
+from hpcdl.errors import HpcdlError
+
+
+class MethodSpecError(HpcdlError, ValueError):
+    """A study method spec that names no method, or a list of them that repeats one."""
+
+
 TRAINER_METHODS = {"baseline": "none", "checkpoint": "checkpoint", "offload": "offload"}
 # Codec config keys the trainer's ``compression`` section holds (everything else is the runtime's business).
 CODEC_CONFIG_KEYS = ("id", "mode", "bound", "bits", "dtype", "group_size")
@@ -69,9 +76,9 @@ def yaml_scalar(value) -> str:
 
 
 def parse_method(spec: str) -> Method:
-    """Parse one method spec (see the module docstring); bad specs raise ValueError saying what is valid."""
+    """Parse one method spec (see the module docstring); bad specs raise MethodSpecError (a ValueError) saying what is valid."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"a method spec is a non-empty string such as 'baseline' or 'sz:rel=1e-2', got {spec!r}")
+        raise MethodSpecError(f"a method spec is a non-empty string such as 'baseline' or 'sz:rel=1e-2', got {spec!r}")
     spec = spec.strip()
     if spec in TRAINER_METHODS:
         return Method(spec=spec, kind=spec)
@@ -80,7 +87,7 @@ def parse_method(spec: str) -> Method:
     try:
         config = config_from_spec(spec)
     except ValueError as err:
-        raise ValueError(
+        raise MethodSpecError(
             f"bad method {spec!r}: {err}; methods are {', '.join(TRAINER_METHODS)} or a codec spec "
             "such as sz:rel=1e-2, sz:abs=1e-3, quant:bits=2, cast:bf16"
         ) from err
@@ -88,7 +95,7 @@ def parse_method(spec: str) -> Method:
         return Method(spec=spec, kind="baseline")
     unknown = sorted(set(config) - set(CODEC_CONFIG_KEYS))
     if unknown:
-        raise ValueError(
+        raise MethodSpecError(
             f"method {spec!r} sets {unknown}, which the trainer's compression section does not hold; "
             f"it holds {list(CODEC_CONFIG_KEYS)}"
         )
@@ -113,8 +120,8 @@ def parse_methods(specs: str | list[str | Method]) -> list[Method]:
     for method in methods:
         key = repr(method.overrides())
         if key in seen:
-            raise ValueError(f"methods {seen[key]!r} and {method.spec!r} are the same method; list it once")
+            raise MethodSpecError(f"methods {seen[key]!r} and {method.spec!r} are the same method; list it once")
         seen[key] = method.spec
     if not methods:
-        raise ValueError("no methods given; e.g. --methods baseline,sz:rel=1e-2,checkpoint")
+        raise MethodSpecError("no methods given; e.g. --methods baseline,sz:rel=1e-2,checkpoint")
     return methods

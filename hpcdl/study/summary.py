@@ -26,7 +26,7 @@ class Spread:
     n: int
 
     @classmethod
-    def of(cls, values: list[float]) -> "Spread | None":
+    def of(cls, values: list[float]) -> Spread | None:
         values = [v for v in values if v is not None]
         if not values:
             return None

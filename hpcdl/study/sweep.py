@@ -21,9 +21,9 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcdl.memory.allocator import return_freed_memory_to_os
 from hpcdl.study.methods import Method, parse_methods, yaml_scalar
 from hpcdl.study.results import append_record, read_results, result_files
-from hpcdl.memory.allocator import return_freed_memory_to_os
 from hpcdl.train.distributed import detect_world
 
 RECORD_VERSION = 1

@@ -8,7 +8,7 @@ Checkpoint(the model's blocks), ``offload`` -> Offload, ``checkpoint+codec`` / `
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from hpcdl.runtime.methods import ActivationMethod, Checkpoint, Codec, Offload, Plain, compose, model_blocks
 from hpcdl.train.config import codec_config, method_parts
@@ -46,7 +46,7 @@ def activation_method(compression: dict, blocks: Callable = model_blocks, policy
     the model's ``checkpoint_blocks()`` and pickles, for a measuring subprocess). ``policy``: the
     Policy to compress with (the trainer passes the one it checkpoints); default built from the section.
     """
-    parts = []
+    parts: list[ActivationMethod] = []
     for part in method_parts(compression):
         if part == "codec":
             parts.append(Codec(policy if policy is not None else compression_policy(compression),

@@ -23,12 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hpcdl.errors import HpcdlError
+
 MAGIC = b"HPCDLCKPT1\n"
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 _TEMPORARY = re.compile(r"^\.ckpt-\d{8}\.pt\.\d+\.tmp$")  # what a write killed before its rename leaves
 
 
-class CheckpointError(ValueError):
+class CheckpointError(HpcdlError, ValueError):
     """A checkpoint that is corrupted, truncated, not ours, or made for a different run."""
 
 

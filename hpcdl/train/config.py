@@ -17,13 +17,15 @@ import copy
 import difflib
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
+from hpcdl.errors import HpcdlError
 from hpcdl.units import parse_bytes
 
 _MISSING = object()
@@ -136,7 +138,7 @@ SCHEMA: dict[str, Any] = {
 CODEC_OPTION_KEYS = ("mode", "bound", "bits", "dtype", "group_size")
 
 
-class ConfigError(ValueError):
+class ConfigError(HpcdlError, ValueError):
     """A config that does not match the schema; the message names the key's full path."""
 
 

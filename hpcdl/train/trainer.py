@@ -37,9 +37,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from hpcdl.memory.peak import PeakMemory
 from hpcdl.runtime import methods
 from hpcdl.train import checkpoint as ckpt
-from hpcdl.memory.peak import PeakMemory
 from hpcdl.train.activation import activation_method, compression_policy, method_name
 from hpcdl.train.config import check_run_name, load_config
 from hpcdl.train.evaluate import ValidationSums

@@ -60,7 +60,7 @@ class SzParams:
         return 1.0 / (2.0 * self.eb) if self.eb > 0 else math.inf
 
     @classmethod
-    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor) -> "SzParams":
+    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor) -> SzParams:
         """Parameters for ``tensor`` (rel: from :func:`hpcdl.compress.value_range`, on any device)."""
         if mode == "pw_rel":
             return cls(mode, bound, 0.0, pw_rel_shift(tensor.dtype, bound))
