@@ -120,9 +120,9 @@ def test_decode_transient_is_a_small_multiple_of_the_output(config, dtype):
     import subprocess
     import sys
 
-    from hpcdl.memory import _CHILD_ENV
+    from hpcdl.memory.allocator import child_env
 
-    env = {**os.environ, **_CHILD_ENV, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **child_env(), "OMP_NUM_THREADS": "1"}
     numel = 2**25 // torch.empty(0, dtype=getattr(torch, dtype)).element_size()  # a 32 MiB output
     result = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, repr(config), dtype, str(numel)], env=env,
                             capture_output=True, text=True, timeout=120)
