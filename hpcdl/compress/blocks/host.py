@@ -1,12 +1,14 @@
 """The host build of the block kernels (hpcdl/_kernels_host*.so, built by setup.py), through ctypes.
 
-The functions of reference.py, with two fused where the host gains by it:
+Implements hpcdl.compress.blocks.protocol.BlockKernels, fused where the host gains by it:
 ``sz_encode`` is the whole sz payload in one pass over the input (the
 reference's sz_headers, prefix sums and sz_pack), and ``sz_decode`` validates
 the block headers and computes the word offsets itself. Callers pass contiguous CPU
 tensors whose lengths were validated and whose payloads are 8-byte aligned
 (checksum.aligned_payload); the C code trusts them. HPCDL_HOST_LIBRARY=path loads another build of
-kernels/host.cpp instead (the sanitizer test uses it). ctypes releases
+kernels/host.cpp instead (the sanitizer test uses it). The C interface is declared once, in
+kernels/host_api.h; PROTOTYPES here is checked against it by a test, and a library built from sources
+of another ABI version or part size is refused when it loads (ImportError: rebuild it). ctypes releases
 the GIL during each call, and the library runs its block loops on OpenMP threads.
 
 The library holds one build of the kernels per instruction set (baseline, avx2,
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import c_char_p, c_double, c_int, c_int64, c_uint64, c_void_p
+from ctypes import c_char_p, c_double, c_int, c_longlong, c_ulonglong, c_void_p
 from pathlib import Path
 
 import torch
@@ -30,48 +32,67 @@ from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count, index_dtype
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import DTYPE_CODES
 
-PART_BLOCKS = 8192  # blocks per part of the fused encoder: HPCDL_PART_BLOCKS of kernels/host.cpp
+ABI_VERSION = 1  # HPCDL_HOST_ABI_VERSION of kernels/host_api.h: raise both together
+PART_BLOCKS = 8192  # blocks per part of the fused encoder and the decoder: HPCDL_PART_BLOCKS of kernels/host_api.h
 ISA_VARIABLE = "HPCDL_HOST_ISA"
+LIBRARY_VARIABLE = "HPCDL_HOST_LIBRARY"
+REBUILD = "rebuild it: pip install -e . (or python setup.py build_ext --inplace)"
+
+# The exported functions of kernels/host_api.h, name -> (restype, argtypes); tests/test_block_backends.py checks
+# this table against the header's declarations, so a changed argument list fails a test, not a call.
+PROTOTYPES: dict[str, tuple[type | None, list[type]]] = {
+    "hpcdl_host_abi_version": (c_int, []),
+    "hpcdl_host_part_blocks": (c_longlong, []),
+    "hpcdl_host_build": (c_char_p, [c_int]),
+    "hpcdl_host_runs": (c_int, [c_char_p]),
+    "hpcdl_host_select": (c_int, [c_char_p]),
+    "hpcdl_host_isa": (c_char_p, []),
+    "hpcdl_sz_decode": (c_int, [c_int, c_void_p, c_longlong, c_void_p, c_longlong, c_int, c_double, c_double, c_int,
+                                c_void_p, c_void_p]),
+    "hpcdl_sz_encode": (c_int, [c_int, c_void_p, c_longlong, c_int, c_double, c_double, c_double, c_int, c_int,
+                                c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
+    "hpcdl_sz_assemble": (c_ulonglong, [c_longlong, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_int, c_void_p,
+                                        c_void_p, c_void_p, c_longlong, c_longlong, c_longlong, c_longlong]),
+    "hpcdl_block_headers": (None, [c_void_p, c_longlong, c_void_p]),
+    "hpcdl_pack": (None, [c_void_p, c_longlong, c_void_p, c_void_p, c_void_p]),
+    "hpcdl_unpack": (None, [c_void_p, c_void_p, c_void_p, c_longlong, c_void_p]),
+    "hpcdl_checksum": (c_ulonglong, [c_void_p, c_longlong]),
+}
 
 
 def _candidates() -> list[Path]:
     """The library to load: the file HPCDL_HOST_LIBRARY names (e.g. a sanitizer build), else the built one."""
-    chosen = os.environ.get("HPCDL_HOST_LIBRARY")
+    chosen = os.environ.get(LIBRARY_VARIABLE)
     if chosen:
         if not Path(chosen).is_file():
-            raise ImportError(f"HPCDL_HOST_LIBRARY={chosen!r} is not a file; unset it to use the built host library")
+            raise ImportError(f"{LIBRARY_VARIABLE}={chosen!r} is not a file; unset it to use the built host library")
         return [Path(chosen)]
     return sorted(Path(__file__).resolve().parents[2].glob("_kernels_host*.so"))
+
+
+def _bind(library: ctypes.CDLL, path: Path) -> None:
+    """Set the prototypes of PROTOTYPES on ``library``, then refuse it (ImportError) unless it was built from
+    sources with this ABI version and part size: a stale build would read its arguments wrongly."""
+    where = f"the host kernel library {path}" + (f" ({LIBRARY_VARIABLE})" if os.environ.get(LIBRARY_VARIABLE) else "")
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        try:
+            function = getattr(library, name)
+        except AttributeError:
+            raise ImportError(f"{where} has no function {name}: it was built from older sources; {REBUILD}") from None
+        function.restype, function.argtypes = restype, argtypes
+    version, part_blocks = library.hpcdl_host_abi_version(), library.hpcdl_host_part_blocks()
+    if version != ABI_VERSION:
+        raise ImportError(f"{where} has ABI version {version}, this hpcdl needs {ABI_VERSION}: it was built from "
+                          f"other sources; {REBUILD}")
+    if part_blocks != PART_BLOCKS:
+        raise ImportError(f"{where} cuts streams into parts of {part_blocks} blocks, this hpcdl expects "
+                          f"{PART_BLOCKS}: it was built from other sources; {REBUILD}")
 
 
 def _load() -> ctypes.CDLL | None:
     for candidate in _candidates():
         library = ctypes.CDLL(str(candidate))
-        library.hpcdl_sz_decode.argtypes = [c_int, c_void_p, c_int64, c_void_p, c_int64, c_int, c_double, c_double,
-                                            c_int, c_void_p, c_void_p]
-        library.hpcdl_sz_decode.restype = c_int
-        library.hpcdl_block_headers.argtypes = [c_void_p, c_int64, c_void_p]
-        library.hpcdl_block_headers.restype = None
-        library.hpcdl_pack.argtypes = [c_void_p, c_int64, c_void_p, c_void_p, c_void_p]
-        library.hpcdl_pack.restype = None
-        library.hpcdl_unpack.argtypes = [c_void_p, c_void_p, c_void_p, c_int64, c_void_p]
-        library.hpcdl_unpack.restype = None
-        library.hpcdl_sz_encode.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int,
-                                            c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]
-        library.hpcdl_sz_encode.restype = c_int
-        library.hpcdl_sz_assemble.argtypes = [c_int64, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_int, c_void_p,
-                                              c_void_p, c_void_p, c_int64, c_int64, c_int64, c_int64]
-        library.hpcdl_sz_assemble.restype = c_uint64
-        library.hpcdl_checksum.argtypes = [c_void_p, c_int64]
-        library.hpcdl_checksum.restype = c_uint64
-        library.hpcdl_host_build.argtypes = [c_int]
-        library.hpcdl_host_build.restype = c_char_p
-        library.hpcdl_host_runs.argtypes = [c_char_p]
-        library.hpcdl_host_runs.restype = c_int
-        library.hpcdl_host_select.argtypes = [c_char_p]
-        library.hpcdl_host_select.restype = c_int
-        library.hpcdl_host_isa.argtypes = []
-        library.hpcdl_host_isa.restype = c_char_p
+        _bind(library, candidate)
         return library
     return None
 
