@@ -255,7 +255,7 @@ void unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp
 }
 
 // Stream checksum: sum of (2 i + 1) * mix(word[i]) over little-endian u64 words, modulo 2^64, where mix is
-// the bijective splitmix64 finalizer (docs/format.md; hpcdl/compress/sz/reference.py is the specification).
+// the bijective splitmix64 finalizer (docs/format.md; hpcdl/compress/blocks/reference.py is the specification).
 hp_u64 checksum(const hp_u64* words, hp_i64 n) {
     hp_u64 sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
