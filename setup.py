@@ -3,7 +3,7 @@
 kernels/host.cpp (with kernels/sz_block.cuh, the same block functions the CUDA
 kernels use) is compiled by the system C++ compiler once per instruction set of
 HOST_ISAS, and linked with kernels/host_dispatch.cpp into one plain shared
-library that hpcdl/compress/sz/host.py loads with ctypes; when it loads, the
+library that hpcdl/compress/blocks/host.py loads with ctypes; when it loads, the
 library picks the best build the CPU runs (AVX-512, AVX2 or the baseline), so
 a library built on any x86-64 machine runs on every other. It needs neither
 torch nor CUDA at build time, so it builds inside pip's isolated build

@@ -51,12 +51,11 @@ static_assert(!HPCDL_HOST_AVX2, "the baseline build takes no -mavx2 or AVX-512 f
 #define HPCDL_PARALLEL_MIN_BLOCKS 8192  // 262144 elements
 #define HPCDL_PARALLEL_MIN_ELEMENTS (1 << 18)  // for the cheap one-pass loops: checksum
 
-// Fused encoder: blocks are cut into parts of HPCDL_PART_BLOCKS; each part is one pass over its input that
+// Fused encoder: blocks are cut into parts of HPCDL_PART_BLOCKS (kernels/host_api.h); each part is one pass over its input that
 // quantizes a block, chooses its header and writes its words and outliers at once (while the block's codes are
 // in registers), into scratch at the part's worst-case position (part start * 32 words, part start elements of
 // outliers). sz_assemble then moves the parts' words and outliers into the stream. Both steps depend only
 // on the part size, not on the thread count, so the bytes are those of the two-pass kernels.
-#define HPCDL_PART_BLOCKS 8192
 
 template <class D, int MODE, class I>
 static void sz_encode_part(const typename D::S* x, hp_i64 n, hp_i64 part, const HpSzParams& p, hp_u8* headers,
@@ -256,7 +255,7 @@ void unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp
 }
 
 // Stream checksum: sum of (2 i + 1) * mix(word[i]) over little-endian u64 words, modulo 2^64, where mix is
-// the bijective splitmix64 finalizer (docs/format.md; hpcdl/compress/sz/reference.py is the specification).
+// the bijective splitmix64 finalizer (docs/format.md; hpcdl/compress/blocks/reference.py is the specification).
 hp_u64 checksum(const hp_u64* words, hp_i64 n) {
     hp_u64 sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)

@@ -1,5 +1,5 @@
 // The exported C interface of the host kernel library (hpcdl/_kernels_host*.so, loaded by
-// hpcdl/compress/sz/host.py): picks, when the library loads, the best build of kernels/host.cpp that this CPU
+// hpcdl/compress/blocks/host.py), declared in kernels/host_api.h: picks, when the library loads, the best build of kernels/host.cpp that this CPU
 // runs, and forwards every call to that build's table (kernels/host_api.h). Compiled for the baseline
 // instruction set, like everything that runs before the choice is made, so loading the library never executes
 // an instruction the CPU lacks, whatever machine built it.
@@ -71,17 +71,17 @@ const Build* active = best();
 
 extern "C" {
 
-// Name of the i-th instruction set built into this library, best first; NULL past the last.
+int hpcdl_host_abi_version(void) { return HPCDL_HOST_ABI_VERSION; }
+
+long long hpcdl_host_part_blocks(void) { return HPCDL_PART_BLOCKS; }
+
 const char* hpcdl_host_build(int i) { return i >= 0 && i < N_BUILDS ? BUILDS[i].isa : nullptr; }
 
-// 1 if this CPU runs the build `isa`, 0 if it cannot, -1 if the library has no such build.
 int hpcdl_host_runs(const char* isa) {
     const Build* build = find(isa);
     return build == nullptr ? -1 : build->runs() ? 1 : 0;
 }
 
-// Makes `isa` the build every call runs: 0, or -1 if the library has no such build, -2 if this CPU cannot run
-// it (the active build is then unchanged).
 int hpcdl_host_select(const char* isa) {
     const Build* build = find(isa);
     if (build == nullptr) return -1;
@@ -90,7 +90,6 @@ int hpcdl_host_select(const char* isa) {
     return 0;
 }
 
-// Name of the build every call runs.
 const char* hpcdl_host_isa(void) { return active->isa; }
 
 int hpcdl_sz_decode(int dtype, const unsigned char* headers, long long n_words, const unsigned int* words,

@@ -6,7 +6,7 @@
 // functions into hpcdl/_kernels_host*.so through kernels/host.cpp (OpenMP over
 // blocks). Every operation is a single IEEE operation (no FMA contraction:
 // nvcc --fmad=false, gcc -ffp-contract=off) and float conversions are written
-// out bit by bit, so the reference (hpcdl/compress/sz/reference.py), the host
+// out bit by bit, so the reference (hpcdl/compress/blocks/reference.py), the host
 // build and the CUDA build produce identical bytes.
 #pragma once
 

@@ -1,5 +1,5 @@
 // CUDA build of the block functions in sz_block.cuh: one thread per 32-element block.
-// Compiled at run time by hpcdl/compress/sz/cuda.py (cupy RawModule, --fmad=false) and
+// Compiled at run time by hpcdl/compress/blocks/cuda.py (cupy RawModule, --fmad=false) and
 // at CI time by tests/test_kernels_nvcc.py (nvcc for sm_80 and sm_90).
 #include "sz_block.cuh"
 

@@ -62,7 +62,7 @@ def element_bits(name: str, values: list[float]) -> bytes:
 
 
 def pw_rel_shift(mantissa: int, compute_mantissa: int, bound: float) -> int:
-    """hpcdl.compress.sz.params.pw_rel_shift for a dtype of ``mantissa`` bits computed in ``compute_mantissa``."""
+    """hpcdl.compress.blocks.params.pw_rel_shift for a dtype of ``mantissa`` bits computed in ``compute_mantissa``."""
     kept = math.floor(mantissa + 1 + math.log2(bound))
     return (compute_mantissa - mantissa) + min(max(kept, 0), mantissa)
 

@@ -237,10 +237,10 @@ def test_forged_payload_is_validated_before_the_kernels():
 
 
 def test_missing_host_library_falls_back_to_the_reference_with_one_warning(monkeypatch):
-    import hpcdl.compress.sz as sz
+    import hpcdl.compress.blocks as blocks  # the backend choice (and its one warning) moved there from sz
 
-    monkeypatch.setattr(sz.host, "AVAILABLE", False)
-    monkeypatch.setattr(sz, "_warned_no_host", False)
+    monkeypatch.setattr(blocks.host, "AVAILABLE", False)
+    monkeypatch.setattr(blocks, "_warned_no_host", False)
     x = torch.randn(100)
     with pytest.warns(RuntimeWarning, match="not built"):
         packed = get_codec({"id": "sz"}).encode(x)

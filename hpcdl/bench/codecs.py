@@ -287,7 +287,7 @@ def _not_run(row: dict, status: str, reason: str) -> dict:
 
 
 def _machine(device: str) -> dict:
-    from hpcdl.compress.sz import backend_module, host
+    from hpcdl.compress.blocks import backend_module, host
 
     backend = backend_module("auto", torch.device(device)).__name__.rsplit(".", 1)[-1]
     return {

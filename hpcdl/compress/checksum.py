@@ -28,10 +28,10 @@ def aligned_payload(data: torch.Tensor) -> torch.Tensor:
 
 def payload_checksum(data: torch.Tensor, kernels=None) -> int:
     """The checksum of a 1-D uint8 payload on any device. ``kernels`` is a block-kernel module with a
-    ``checksum`` of whole u64 words (hpcdl.compress.sz's host, cuda or reference); by default the host library
+    ``checksum`` of whole u64 words (a backend of hpcdl.compress.blocks); by default the host library
     for CPU payloads when it is built, else the torch reference."""
     if kernels is None:
-        from hpcdl.compress.sz import host, reference  # the kernels import the codec base: import late
+        from hpcdl.compress.blocks import host, reference  # the kernels import the codec base: import late
 
         kernels = host if data.device.type == "cpu" and host.AVAILABLE else reference
     data = aligned_payload(data)

@@ -1,6 +1,6 @@
 """``int``: exact compression of integer tensors (max-pool indices, token ids, labels).
 
-The same block machinery as ``sz`` (hpcdl/compress/sz: kernels/sz_block.cuh on
+The same block machinery as ``sz`` (hpcdl.compress.blocks: kernels/sz_block.cuh on
 host and GPU): values become int32 codes, each 32-element block takes the
 narrowest of zigzag, unsigned or 1-D Lorenzo (delta) prediction, and is
 bit-packed at its own width. Deltas wrap modulo 2^32, so every int32 sequence
@@ -12,29 +12,18 @@ that cost one byte per 32 elements. Stream format: docs/format.md.
 from __future__ import annotations
 
 from itertools import accumulate
-from types import ModuleType
 
 import torch
 
-from hpcdl.compress.base import Codec, Packed
-from hpcdl.compress.checksum import payload_checksum, verified_payload
-from hpcdl.compress.errors import CodecError
-from hpcdl.compress.header import read_header, write_header
+from hpcdl.compress.blocks.codec import BlockCodec, StreamCounts
+from hpcdl.compress.blocks.protocol import BlockKernels, BlockPayload
+from hpcdl.compress.blocks.stream import BLOCK, Layout, validate_block_headers, word_offsets
+from hpcdl.compress.checksum import payload_checksum
+from hpcdl.compress.header import Header
 from hpcdl.compress.registry import register_codec
-from hpcdl.compress.sz import backend_module
-from hpcdl.compress.sz.stream import (
-    BLOCK,
-    Layout,
-    check_payload_length,
-    raw_payload,
-    raw_payload_size,
-    validate_block_headers,
-    word_offsets,
-)
 
 INT_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 FIELDS = "BBQ"  # flags, block size, words
-FLAG_RAW = 1
 UNPACK_BLOCKS = 2**15  # blocks decoded at a time: 1M codes, 4 MiB of int32 scratch
 
 
@@ -59,7 +48,7 @@ def code_targets(out: torch.Tensor) -> list[torch.Tensor]:
     return [words[:, 0], words[:, 1]]
 
 
-def unpack_into(kernels: ModuleType, headers: torch.Tensor, words: torch.Tensor, out: torch.Tensor) -> None:
+def unpack_into(kernels: BlockKernels, headers: torch.Tensor, words: torch.Tensor, out: torch.Tensor) -> None:
     """Decode validated block headers and words into the flat output ``out``, UNPACK_BLOCKS blocks at a time,
     so that the codes and word offsets never exist for the whole tensor: the transient stays a few MiB
     above the output, whatever its size (the whole-tensor int32 codes, their int64 copy and the shifted
@@ -81,63 +70,51 @@ def unpack_into(kernels: ModuleType, headers: torch.Tensor, words: torch.Tensor,
 
 
 @register_codec
-class IntCodec(Codec):
+class IntCodec(BlockCodec[None]):
     """Lossless block codec for integer tensors: ``get_codec({"id": "int"})``."""
 
     codec_id = "int"
     modes = ("lossless",)
     dtypes = INT_DTYPES
     lossless = True
+    fields = FIELDS
 
     def get_config(self) -> dict:
         return {"id": self.codec_id}
 
-    def _encode(self, tensor: torch.Tensor) -> Packed:
-        return self.encode_with(tensor, "auto")
+    def _prepare(self, flat: torch.Tensor) -> None:
+        return None
 
-    def _decode(self, packed: Packed) -> torch.Tensor:
-        return self.decode_with(packed, "auto")
-
-    def encode_with(self, tensor: torch.Tensor, backend: str) -> Packed:
-        """Encode with a chosen implementation ("reference", "host", "cuda" or "auto")."""
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in self.dtypes:
-            return self.encode(tensor)  # raises the contract's TypeError
-        kernels = backend_module(backend, tensor.device)
-        flat = tensor.detach().contiguous().reshape(-1)
+    def _encode_blocks(self, kernels: BlockKernels, flat: torch.Tensor, state: None,
+                       raw_size: int) -> BlockPayload | None:
         codes = to_codes(flat)
         headers = kernels.block_headers(codes)
         offsets, n_words = word_offsets(headers)
         layout = Layout(codes.numel(), n_words, 0, 0)
-        if layout.total > raw_payload_size(flat.numel(), flat.dtype):
-            flags, n_words = FLAG_RAW, 0
-            data = raw_payload(flat)
-        else:
-            flags = 0
-            data = torch.zeros(layout.total, dtype=torch.uint8, device=flat.device)
-            layout.headers(data).copy_(headers)
-            kernels.pack(codes, headers, offsets, layout.words(data))
-        header = write_header(self.codec_id, tensor.dtype, tensor.shape, FIELDS, flags, BLOCK, n_words,
-                              checksum=payload_checksum(data, kernels))
-        return Packed(header, data)
+        if layout.total > raw_size:
+            return None
+        data = torch.zeros(layout.total, dtype=torch.uint8, device=flat.device)
+        layout.headers(data).copy_(headers)
+        kernels.pack(codes, headers, offsets, layout.words(data))
+        return BlockPayload(data, n_words, 0, payload_checksum(data, kernels))
 
-    def decode_with(self, packed: Packed, backend: str) -> torch.Tensor:
-        """Decode with a chosen implementation."""
-        if not isinstance(packed, Packed):
-            raise TypeError(f"int decodes a Packed, got {type(packed).__name__}")
-        header = read_header(packed.header, self.codec_id, FIELDS)
+    def _header_fields(self, state: None, flags: int, n_words: int, n_outliers: int) -> tuple:
+        return flags, BLOCK, n_words
+
+    @classmethod
+    def _read_fields(cls, header: Header) -> tuple[StreamCounts, None]:
         flags, block, n_words = header.fields
-        dtype, numel = header.dtype, header.numel
-        if dtype not in INT_DTYPES or flags not in (0, FLAG_RAW) or block != BLOCK:
-            raise CodecError(f"int packed header has impossible fields {header.fields} for {dtype}: corrupted")
-        layout = Layout(code_count(numel, dtype), n_words, 0, 0)
-        check_payload_length(packed.data, raw_payload_size(numel, dtype) if flags == FLAG_RAW else layout.total,
-                             self.codec_id)
-        kernels = backend_module(backend, packed.device)
-        data = verified_payload(packed.data, header, kernels)
-        if flags == FLAG_RAW:
-            return data[: numel * dtype.itemsize].clone().view(dtype).reshape(header.shape)
+        return StreamCounts(flags, block, n_words, 0), None
+
+    @classmethod
+    def _code_count(cls, numel: int, dtype: torch.dtype) -> int:
+        return code_count(numel, dtype)
+
+    @classmethod
+    def _decode_blocks(cls, kernels: BlockKernels, header: Header, state: None, layout: Layout,
+                       data: torch.Tensor) -> torch.Tensor:
         headers = layout.headers(data)
-        validate_block_headers(headers, n_words, self.codec_id)
-        out = torch.empty(numel, dtype=dtype, device=data.device)
+        validate_block_headers(headers, layout.n_words, cls.codec_id)
+        out = torch.empty(header.numel, dtype=header.dtype, device=data.device)
         unpack_into(kernels, headers, layout.words(data), out)
-        return out.reshape(header.shape)
+        return out

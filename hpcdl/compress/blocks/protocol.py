@@ -1,0 +1,60 @@
+"""What a block-kernel backend is: the coarse operations ``sz`` and ``int`` call, one typing.Protocol.
+
+A backend is a module (reference.py, host.py, cuda.py) whose functions have these names and signatures;
+mypy checks each module against :class:`BlockKernels` where :func:`hpcdl.compress.blocks.backend_module`
+returns it, and tests/test_block_backends.py checks the names and parameters at run time. Every backend
+produces the same bytes (tests/test_sz_fixtures.py holds the golden streams).
+
+Callers pass contiguous flat tensors on the backend's device whose lengths were validated against the
+stream header (hpcdl.compress.blocks.stream) and whose payloads are 8-byte aligned
+(hpcdl.compress.checksum.aligned_payload).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+
+from hpcdl.compress.blocks.params import SzParams
+
+
+class BlockPayload(NamedTuple):
+    """An encoded payload: the bytes (docs/format.md's layout), its word and outlier counts, its checksum."""
+
+    data: torch.Tensor
+    n_words: int
+    n_outliers: int
+    checksum: int
+
+
+class BlockKernels(Protocol):
+    """The operations of one block-kernel backend."""
+
+    def sz_encode(self, x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload | None:
+        """The sz payload of the flat float tensor ``x``, or None when it would be larger than ``raw_size``
+        bytes (the codec then stores the raw fallback)."""
+        ...
+
+    def sz_decode(self, headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
+                  params: SzParams) -> torch.Tensor:
+        """The decoded flat tensor (outliers still 0: the codec scatters them), after checking that the block
+        headers have at most 32 words each and ``n_words`` in all (CodecError if not)."""
+        ...
+
+    def block_headers(self, q: torch.Tensor) -> torch.Tensor:
+        """One header byte per block of the int32 codes ``q``: the narrowest predictor and its word count."""
+        ...
+
+    def pack(self, q: torch.Tensor, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor) -> None:
+        """Write the words of each block of the codes ``q`` into ``words`` (int32) at its offset (int64)."""
+        ...
+
+    def unpack(self, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor,
+               numel: int) -> torch.Tensor:
+        """The int32 codes of ``numel`` elements from validated block headers, their word offsets and words."""
+        ...
+
+    def checksum(self, data: torch.Tensor) -> int:
+        """The payload checksum (hpcdl.compress.checksum) of ``data``, a whole number of u64 words."""
+        ...
