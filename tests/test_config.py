@@ -39,11 +39,11 @@ def test_bad_type_and_bad_value_are_named():
 
 
 def test_overrides_parse_yaml_values_and_check_keys():
-    config = load_config(MINIMAL, overrides=["train.epochs=3", "train.batch=auto", "compression.bound=1e-2",
+    config = load_config(MINIMAL, overrides=["train.epochs=3", "train.batch=auto", "compression.codec.bound=1e-2",
                                              "logging.progress=false", "compression.per_module.backbone.*={id: raw}",
                                              "compression.method=codec"])
     assert config["train"]["epochs"] == 3 and config["train"]["batch"] == "auto"
-    assert config["compression"]["bound"] == pytest.approx(1e-2)
+    assert config["compression"]["codec"] == {"id": "sz", "bound": pytest.approx(1e-2)}
     assert config["logging"]["progress"] is False
     assert config["compression"]["per_module"] == {"backbone.*": {"id": "raw"}}
     with pytest.raises(ConfigError, match=r"unknown config key 'train\.epochz'.*'train\.epochs'"):
@@ -53,9 +53,10 @@ def test_overrides_parse_yaml_values_and_check_keys():
 
 
 def test_codec_config_takes_only_set_options():
-    config = load_config(MINIMAL, overrides=["compression.method=codec", "compression.id=sz",
-                                             "compression.mode=rel", "compression.bound=0.01"])
-    assert codec_config(config["compression"]) == {"id": "sz", "mode": "rel", "bound": 0.01}
+    config = load_config(MINIMAL, overrides=["compression.method=codec", "compression.codec.id=sz",
+                                             "compression.codec.mode=rel", "compression.codec.bound=0.01"])
+    assert config["compression"]["codec"] == {"id": "sz", "mode": "rel", "bound": 0.01}
+    assert codec_config(config["compression"]) == config["compression"]["codec"]  # the alias kept one release
 
 
 def test_memory_sizes():
@@ -94,7 +95,7 @@ def test_every_shipped_config_validates_and_has_a_description():
         if config["compression"]["method"] == "codec":
             from hpcdl.compress import codec_class
 
-            codec_class(config["compression"]["id"])
+            codec_class(config["compression"]["codec"]["id"])
 
 
 def test_numbers_too_large_are_config_errors_not_overflow():
