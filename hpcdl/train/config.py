@@ -343,11 +343,13 @@ def _warn_legacy(keys: list[str], where: str) -> None:
                   "bound: 1e-2}}`)", FutureWarning, stacklevel=4)
 
 
-def _set_path(tree: dict, path: str, value: Any) -> None:
-    """Set ``tree[a][b]... = value`` for ``path`` "a.b...", checking each step against the schema."""
+def _set_path(tree: dict, path: str, value: Any) -> bool:
+    """Set ``tree[a][b]... = value`` for ``path`` "a.b...", checking each step against the schema.
+
+    Returns True for a deprecated flat codec key (``compression.bound``), which sets ``compression.codec``'s option.
+    """
     parts = path.split(".")
     if len(parts) == 2 and parts[0] == "compression" and parts[1] in LEGACY_CODEC_KEYS:
-        _warn_legacy([path], f"override {path}={value!r}")
         compression = tree.get("compression")
         compression = tree["compression"] = dict(compression) if isinstance(compression, dict) else {}
         codec = compression.get("codec")
@@ -356,7 +358,7 @@ def _set_path(tree: dict, path: str, value: Any) -> None:
             codec.pop(parts[1], None)
         else:
             codec[parts[1]] = value
-        return
+        return True
     schema: Any = SCHEMA
     node = tree
     for depth, part in enumerate(parts):
@@ -365,18 +367,19 @@ def _set_path(tree: dict, path: str, value: Any) -> None:
             # Inside a free-form mapping (model.options, compression.per_module): the rest is one key,
             # since globs like "backbone.*" contain dots.
             node[".".join(parts[depth:])] = value
-            return
+            return False
         if part not in schema:
             raise _unknown_key(here, part, schema)
         schema = schema[part]
         if depth == len(parts) - 1:
             node[part] = value
-            return
+            return False
         child = node.get(part)
         if not isinstance(child, dict):
             child = {}
             node[part] = child
         node = child
+    return False
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -504,9 +507,13 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
     else:
         raw = _load_raw(source)
         default_name = config_path(source).stem
+    legacy = []
     for text in overrides:
         key, value = parse_override(text)
-        _set_path(raw, key, value)
+        if _set_path(raw, key, value):
+            legacy.append(key)
+    if legacy:
+        _warn_legacy(legacy, "the --set overrides")
     if raw.get("name") is None:
         raw["name"] = default_name  # names the run directory
     raw.pop("extends", None)
