@@ -17,6 +17,7 @@ import torch
 from codec_plugin import install_testcodec
 
 from hpcdl.compress import CodecError, UnknownCodecError, get_codec, registry
+from hpcdl.study.methods import parse_method
 from hpcdl.train import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +68,8 @@ def test_a_codec_installed_only_by_its_entry_point_is_found_and_round_trips(plug
 def test_the_config_checks_the_plugin_codec_and_names_the_key(plugin):
     config = load_config("hep-particles", TINY)
     assert config["compression"]["codec"] == {"id": "negate"}
+    method = parse_method("negate")  # the study's method spec of a third-party codec
+    assert load_config("hep-particles", method.overrides())["compression"]["codec"] == {"id": "negate"}
     with pytest.raises(ValueError, match=r"config key 'compression.codec' = \{'id': 'negate', 'bound': 0.1\}"):
         load_config("hep-particles", [*TINY, "compression.codec.bound=0.1"])
 

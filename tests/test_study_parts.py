@@ -22,6 +22,7 @@ from hpcdl.train.config import load_config
     ("sz:abs=1e-5", {"id": "sz", "mode": "abs", "bound": 1e-5}),
     ("quant:bits=2", {"id": "quant", "bits": 2}),
     ("quant:bits=4,group_size=128", {"id": "quant", "bits": 4, "group_size": 128}),
+    ("quant:bits=2,seed=7", {"id": "quant", "bits": 2, "seed": 7}),  # any option of the codec, not a fixed list
     ("cast:bf16", {"id": "cast", "dtype": "bf16"}),
     ("raw", {"id": "raw"}),
 ])
