@@ -4,7 +4,10 @@ A config is a YAML mapping with the sections ``model``, ``data``, ``train``,
 ``optimizer``, ``compression``, ``distributed``, ``checkpoint`` and ``logging``.
 Every key is declared in :data:`SCHEMA` with its type, allowed values or range
 and default, so a typo is an error that names the key's full path and the
-closest valid key instead of a setting silently ignored.
+closest valid key instead of a setting silently ignored. The one exception is
+the codec: ``compression.codec`` is a codec config mapping (``{id: sz, mode:
+rel, bound: 1e-2}``) whose options the codec itself checks, through
+:func:`hpcdl.compress.get_codec`, so a codec brings its own options with it.
 
 Shipped configs live in ``hpcdl/configs/<name>.yaml`` and are found by name. A
 config may start from another with ``extends: <name>``; its own keys then
@@ -194,7 +197,8 @@ def _check_value(path: str, field: Field, value: Any) -> Any:
         value = _yaml_float(value)
     expected = {
         "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-        "dict": "a mapping", "list": "a list", "codec": "a codec config mapping like {id: sz, mode: rel, bound: 1e-2}", "bytes": "a size like 4GiB or a number of bytes",
+        "dict": "a mapping", "list": "a list", "bytes": "a size like 4GiB or a number of bytes",
+        "codec": "a codec config mapping like {id: sz, mode: rel, bound: 1e-2}",
     }[field.kind]
     if field.also:
         expected += " or " + " or ".join(repr(a) for a in field.also)
