@@ -39,11 +39,11 @@ def test_bad_type_and_bad_value_are_named():
 
 
 def test_overrides_parse_yaml_values_and_check_keys():
-    config = load_config(MINIMAL, overrides=["train.epochs=3", "train.batch=auto", "compression.bound=1e-2",
+    config = load_config(MINIMAL, overrides=["train.epochs=3", "train.batch=auto", "compression.codec.bound=1e-2",
                                              "logging.progress=false", "compression.per_module.backbone.*={id: raw}",
                                              "compression.method=codec"])
     assert config["train"]["epochs"] == 3 and config["train"]["batch"] == "auto"
-    assert config["compression"]["bound"] == pytest.approx(1e-2)
+    assert config["compression"]["codec"] == {"id": "sz", "bound": pytest.approx(1e-2)}
     assert config["logging"]["progress"] is False
     assert config["compression"]["per_module"] == {"backbone.*": {"id": "raw"}}
     with pytest.raises(ConfigError, match=r"unknown config key 'train\.epochz'.*'train\.epochs'"):
@@ -53,9 +53,10 @@ def test_overrides_parse_yaml_values_and_check_keys():
 
 
 def test_codec_config_takes_only_set_options():
-    config = load_config(MINIMAL, overrides=["compression.method=codec", "compression.id=sz",
-                                             "compression.mode=rel", "compression.bound=0.01"])
-    assert codec_config(config["compression"]) == {"id": "sz", "mode": "rel", "bound": 0.01}
+    config = load_config(MINIMAL, overrides=["compression.method=codec", "compression.codec.id=sz",
+                                             "compression.codec.mode=rel", "compression.codec.bound=0.01"])
+    assert config["compression"]["codec"] == {"id": "sz", "mode": "rel", "bound": 0.01}
+    assert codec_config(config["compression"]) == config["compression"]["codec"]  # the alias kept one release
 
 
 def test_memory_sizes():
@@ -94,7 +95,7 @@ def test_every_shipped_config_validates_and_has_a_description():
         if config["compression"]["method"] == "codec":
             from hpcdl.compress import codec_class
 
-            codec_class(config["compression"]["id"])
+            codec_class(config["compression"]["codec"]["id"])
 
 
 def test_numbers_too_large_are_config_errors_not_overflow():
@@ -222,3 +223,52 @@ def test_fuzz_malformed_configs_give_config_errors_never_other_exceptions(tmp_pa
     assert counts["cases"] == len(list(_leaf_keys())) * len(BAD_VALUES) + cli_cases + 8 + len(BAD_DOCUMENTS)
     assert cli_cases >= len(list(_leaf_keys())) * len(BAD_VALUES) // 4
     assert counts["config errors"] > 0.8 * counts["cases"], counts
+
+
+def test_the_codec_is_one_mapping_set_whole_or_by_option():
+    config = load_config("hep-jets", ["compression.codec.bound=1e-3"])  # YAML 1.1 reads 1e-3 as text: taken as a number
+    assert config["compression"]["codec"] == {"id": "sz", "mode": "rel", "bound": 1e-3}
+    config = load_config("hep-jets", ["compression.codec={id: quant, bits: 4, group_size: 128}"])
+    assert config["compression"]["codec"] == {"id": "quant", "bits": 4, "group_size": 128}  # nothing of sz left
+    assert load_config(MINIMAL)["compression"]["codec"] == {"id": "sz"}  # the default codec
+    assert load_config(MINIMAL, ["compression.codec={mode: abs, bound: 0.5}"])["compression"]["codec"] == {
+        "id": "sz", "mode": "abs", "bound": 0.5}
+
+
+def test_the_codecs_own_check_names_the_full_key_path():
+    with pytest.raises(ConfigError, match=r"^config key 'compression.codec' = \{'id': 'sz', 'mode': 'rel', "
+                                          r"'bound': -0.001\}: error bound must be"):
+        load_config("hep-jets", ["compression.codec.bound=-1e-3"])
+    with pytest.raises(ConfigError, match=r"^config key 'compression.codec.id': unknown codec id 'szz'; known ids: "):
+        load_config("hep-jets", ["compression.codec.id=szz"])
+    with pytest.raises(ConfigError, match=r"^config key 'compression.per_module.head.\*' = .*bits must be one of"):
+        load_config("hep-jets", ["compression.per_module.head.*={id: quant, bits: 3}"])
+    with pytest.raises(ConfigError, match=r"'compression.codec' must be a codec config mapping"):
+        load_config("hep-jets", ["compression.codec=sz"])
+
+
+def test_an_extending_config_replaces_a_codec_with_an_id_and_changes_options_without_one(tmp_path):
+    (tmp_path / "tighter.yaml").write_text("extends: hep-jets\ncompression: {codec: {bound: 1.0e-3}}\n")
+    (tmp_path / "quant.yaml").write_text("extends: hep-jets\ncompression: {codec: {id: quant, bits: 2}}\n")
+    assert load_config(tmp_path / "tighter.yaml")["compression"]["codec"] == {"id": "sz", "mode": "rel", "bound": 1e-3}
+    assert load_config(tmp_path / "quant.yaml")["compression"]["codec"] == {"id": "quant", "bits": 2}
+
+
+def test_the_flat_codec_keys_still_work_for_one_release_with_a_warning(tmp_path):
+    (tmp_path / "old.yaml").write_text("model: {name: hep-cnn}\ncompression: {method: codec, id: sz, mode: abs, "
+                                       "bound: 1.0e-3}\n")
+    (tmp_path / "old-child.yaml").write_text("extends: hep-jets\ncompression: {bound: 1.0e-1}\n")
+    with pytest.warns(FutureWarning, match=r"compression.id, compression.mode, compression.bound in .*old.yaml are "
+                                           r"deprecated.*write compression.codec.id, compression.codec.mode"):
+        old = load_config(tmp_path / "old.yaml")
+    assert old["compression"]["codec"] == {"id": "sz", "mode": "abs", "bound": 1e-3}
+    assert "bound" not in old["compression"]
+    with pytest.warns(FutureWarning, match="compression.bound"):
+        assert load_config(tmp_path / "old-child.yaml")["compression"]["codec"] == {"id": "sz", "mode": "rel",
+                                                                                    "bound": 0.1}
+    with pytest.warns(FutureWarning, match=r"keys compression.id, compression.mode, compression.bound in the --set overrides"):
+        config = load_config("hep-jets", ["compression.id=raw", "compression.mode=null", "compression.bound=null"])
+    assert config["compression"]["codec"] == {"id": "raw"}  # null removes an option, as it always did
+    with pytest.warns(FutureWarning):
+        config = load_config({"model": {"name": "hep-cnn"}, "compression": {"method": "codec", "bits": 2, "id": "quant"}})
+    assert config["compression"]["codec"] == {"id": "quant", "bits": 2}

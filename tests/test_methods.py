@@ -131,7 +131,7 @@ def test_config_names_every_method_and_refuses_others():
     for value, name in [("none", "none"), ("checkpoint", "checkpoint"), ("offload", "offload"),
                         ("checkpoint+codec", "checkpoint+codec:sz:rel=0.01"), ("checkpoint+offload", "checkpoint+offload")]:
         config = load_config({"model": {"name": "hep-cnn"}},
-                             [*base, f"compression.method={value}", "compression.mode=rel", "compression.bound=1e-2"])
+                             [*base, f"compression.method={value}", "compression.codec={id: sz, mode: rel, bound: 1.0e-2}"])
         assert method_name(config["compression"]) == name
         assert activation_method(config["compression"]).name == value
     with pytest.raises(ConfigError, match=r"compression.method.*checkpoint\+codec"):
@@ -149,8 +149,7 @@ def test_the_trainer_and_the_measured_step_run_the_same_train_step(tmp_path, mon
     monkeypatch.setattr(methods, "train_step", spy)
     overrides = ["data.dataset=synthetic", "data.synthetic_samples=32", "model.scale=tiny", "train.batch=8",
                  "train.steps_per_epoch=2", "train.epochs=1", "logging.progress=false", "optimizer.name=lamb",
-                 "compression.method=checkpoint+codec", "compression.id=raw", "compression.mode=null",
-                 "compression.bound=null"]
+                 "compression.method=checkpoint+codec", "compression.codec={id: raw}"]
     result = run_training(load_config("hep-particles", overrides=overrides), run_dir=tmp_path / "run")
     assert result.steps == 2 and len(calls) == 2 and result.method == "checkpoint+codec:raw"
     assert calls[0][0].name == "checkpoint+codec" and isinstance(calls[0][1], LAMB)

@@ -41,7 +41,7 @@ def test_two_run_sweep_writes_valid_results_resumes_and_reports(tmp_path):
         assert len(line["epochs"]) == 1 and line["epochs"][0]["train_loss"] > 0
         assert line["median_step_time_s"] > 0 and line["wall_time_s"] > 0 and line["peak_memory_bytes"] > 0
     quant = lines[1]
-    assert quant["config"]["compression"]["method"] == "codec" and quant["config"]["compression"]["bits"] == 2
+    assert quant["config"]["compression"]["method"] == "codec" and quant["config"]["compression"]["codec"]["bits"] == 2
     assert quant["activation_ratio"] > 2 and quant["activation_packed_bytes"] < quant["activation_original_bytes"]
     assert sum(m["original"] for m in quant["per_module"].values()) > 0
     stats = read_results(tmp_path).activation_stats()[("hep-cnn", lines[0]["scale"])]

@@ -27,7 +27,7 @@ from hpcdl.train.checkpoint import (
 
 SMALL = ["data.dataset=synthetic", "data.synthetic_samples=128", "model.scale=tiny", "train.batch=16",
          "train.steps_per_epoch=4", "train.epochs=2", "logging.progress=false", "compression.method=none"]
-SZ = ["compression.method=codec", "compression.id=sz", "compression.mode=rel", "compression.bound=1e-2"]
+SZ = ["compression.method=codec", "compression.codec={id: sz, mode: rel, bound: 1.0e-2}"]
 
 
 def _config(*overrides):

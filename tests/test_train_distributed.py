@@ -32,7 +32,7 @@ COMMON = ["data.dataset=synthetic", "data.synthetic_samples=64", "model.scale=ti
           "optimizer.momentum=0.9", "optimizer.warmup_steps=0", "logging.progress=false"]
 METHODS = {
     "none": (["compression.method=none"], 1e-4),
-    "sz": (["compression.method=codec", "compression.id=sz", "compression.mode=rel", "compression.bound=1e-2"], 0.05),
+    "sz": (["compression.method=codec", "compression.codec={id: sz, mode: rel, bound: 1.0e-2}"], 0.05),
 }
 
 

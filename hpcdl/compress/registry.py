@@ -1,16 +1,28 @@
 """The codec registry: ``get_codec(config)`` and ``register_codec(cls)``.
 
-Built-in codecs live in their own modules and are imported the first time their
-id is asked for, so a codec whose optional dependency is missing costs nothing
-until used, and then says what to install.
+Three sources of codecs, looked up in this order:
+
+- codecs registered in this process (``@register_codec``);
+- the built-ins, each in its own module, imported the first time its id is asked for, so a codec
+  whose optional dependency is missing costs nothing until used, and then says what to install;
+- codecs of other installed distributions, named by an entry point in the group ``hpcdl.codecs``
+  (``<codec id> = <module>:<Codec subclass>``), found the first time an id is not one of the above
+  (one scan of the installed metadata per process) and loaded on first use. A codec installed this
+  way is known in every process that sees the distribution: ``hpcdl train``, a Slurm job, the
+  measuring subprocess of :mod:`hpcdl.memory`, without an import anywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+from importlib import metadata
 
 from hpcdl.compress.base import Codec
 from hpcdl.compress.errors import UnknownCodecError
+
+#: The entry-point group a distribution declares its codecs in.
+ENTRY_POINT_GROUP = "hpcdl.codecs"
 
 _BUILTIN_MODULES = {
     "raw": "hpcdl.compress.raw",
@@ -36,16 +48,46 @@ def register_codec(cls: type[Codec], *, replace: bool = False) -> type[Codec]:
     return cls
 
 
+@functools.cache
+def _entry_points() -> dict[str, metadata.EntryPoint]:
+    """Codec id -> entry point of the ``hpcdl.codecs`` group; scanned once per process (a built-in id wins)."""
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name not in _BUILTIN_MODULES}
+
+
 def known_codec_ids() -> list[str]:
-    return sorted(set(_BUILTIN_MODULES) | set(_REGISTRY))
+    """Every codec id ``get_codec`` accepts here: built-in, registered and installed through entry points."""
+    return sorted(set(_BUILTIN_MODULES) | set(_REGISTRY) | set(_entry_points()))
+
+
+def _load_entry_point(codec_id: str, entry: metadata.EntryPoint) -> None:
+    """Import the codec an entry point names and register it (if its module did not already)."""
+    where = f"entry point {codec_id} = {entry.value} (group {ENTRY_POINT_GROUP}"
+    where += f", distribution {entry.dist.name})" if entry.dist is not None else ")"
+    try:
+        loaded = entry.load()
+    except Exception as err:  # a broken third-party package: say which one, whatever it raised
+        raise UnknownCodecError(codec_id, known_codec_ids(),
+                                reason=f"codec {codec_id!r} failed to load from its {where}: "
+                                       f"{type(err).__name__}: {err}") from err
+    if not (isinstance(loaded, type) and issubclass(loaded, Codec)) or loaded.codec_id != codec_id:
+        raise UnknownCodecError(codec_id, known_codec_ids(),
+                                reason=f"codec {codec_id!r}: its {where} must name a Codec subclass whose codec_id "
+                                       f"is {codec_id!r}, got {loaded!r}")
+    if _REGISTRY.get(codec_id) is not loaded:
+        register_codec(loaded)
 
 
 def codec_class(codec_id: str) -> type[Codec]:
-    """The class registered for ``codec_id``, importing its built-in module if needed."""
-    if codec_id not in _REGISTRY and codec_id in _BUILTIN_MODULES:
-        importlib.import_module(_BUILTIN_MODULES[codec_id])
+    """The class registered for ``codec_id``, importing its built-in module or loading its entry point if needed."""
+    if not isinstance(codec_id, str):
+        raise UnknownCodecError(codec_id, known_codec_ids(), reason=f"a codec id is a string, got {codec_id!r}")
     if codec_id not in _REGISTRY:
-        raise UnknownCodecError(f"unknown codec id {codec_id!r}; known ids: {', '.join(known_codec_ids())}")
+        if codec_id in _BUILTIN_MODULES:
+            importlib.import_module(_BUILTIN_MODULES[codec_id])
+        elif codec_id in _entry_points():
+            _load_entry_point(codec_id, _entry_points()[codec_id])
+    if codec_id not in _REGISTRY:
+        raise UnknownCodecError(codec_id, known_codec_ids())
     return _REGISTRY[codec_id]
 
 

@@ -13,8 +13,9 @@ An activation method decides what autograd keeps for backward while a forward ru
 Every method has one interface: :meth:`ActivationMethod.prepare` checks the model once (before
 training), :meth:`ActivationMethod.context` is the context a forward runs in and yields the
 :class:`~hpcdl.runtime.stats.Stats` of what it saved (None if it keeps no statistics), and
-:meth:`ActivationMethod.observe_gradients` runs after backward (a Codec's policy reads gradient
-statistics there). Methods compose like PyTorch's memory context managers:
+:meth:`ActivationMethod.observe_gradients` runs once the gradients are final, only for a method whose
+:meth:`ActivationMethod.wants_gradients` says so (a Codec whose policy's controller asks for
+gradient statistics). Methods compose like PyTorch's memory context managers:
 ``Checkpoint(blocks) + Codec(policy)`` checkpoints the blocks and compresses what the checkpointed
 model still saves (the non-reentrant checkpoint saves each block's inputs outside its own hooks, so
 the session's hooks pack them) and everything outside the blocks.
@@ -60,8 +61,12 @@ class ActivationMethod:
         """The context one forward of ``model`` runs in; it yields this step's saved-tensor Stats or None."""
         return contextlib.nullcontext()
 
+    def wants_gradients(self) -> bool:
+        """Whether this step should call :meth:`observe_gradients` (reading gradients costs a pass and a sync)."""
+        return False
+
     def observe_gradients(self, model: torch.nn.Module) -> None:
-        """Called after backward with the model's gradients in place."""
+        """Called with the model's final gradients (reduced across ranks, before the optimizer step)."""
 
     def parts(self) -> tuple[ActivationMethod, ...]:
         return (self,)
@@ -112,8 +117,12 @@ class Codec(ActivationMethod):
         with compressed(model, self.policy, threshold=self.threshold, verify=self.verify) as session:
             yield session.stats
 
-    def observe_gradients(self, model: torch.nn.Module) -> None:
+    def wants_gradients(self) -> bool:
         assert isinstance(self.policy, Policy)  # coerced in __post_init__
+        return self.policy.wants_gradients()
+
+    def observe_gradients(self, model: torch.nn.Module) -> None:
+        assert isinstance(self.policy, Policy)
         self.policy.record_gradients(model)
 
     def describe(self) -> str:
@@ -231,9 +240,13 @@ class Combined(ActivationMethod):
             yielded = [stack.enter_context(method.context(model)) for method in self.methods]
             yield next((stats for stats in yielded if isinstance(stats, Stats)), None)
 
+    def wants_gradients(self) -> bool:
+        return any(method.wants_gradients() for method in self.methods)
+
     def observe_gradients(self, model: torch.nn.Module) -> None:
         for method in self.methods:
-            method.observe_gradients(model)
+            if method.wants_gradients():
+                method.observe_gradients(model)
 
     def describe(self) -> str:
         return "+".join(method.describe() for method in self.methods) or "none"
@@ -262,6 +275,11 @@ def compose(*methods: ActivationMethod) -> ActivationMethod:
     return combined.methods[0] if len(combined.methods) == 1 else combined
 
 
+def _final_after_backward(optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+    """One process, or DDP: the gradients are final when backward returns."""
+    return contextlib.nullcontext()
+
+
 # -- the step -------------------------------------------------------------------------------------------
 @dataclass
 class StepResult:
@@ -281,21 +299,30 @@ def train_step(
     *,
     forward: Callable | None = None,
     scheduler=None,
+    reduced_gradients: Callable[[torch.optim.Optimizer], contextlib.AbstractContextManager] | None = None,
 ) -> StepResult:
     """One training step of ``model`` under ``method``: the only definition of it in hpcdl.
 
     Zeroes the gradients, runs ``loss_fn(forward(x), y)`` inside ``method.context(model)``,
-    backpropagates, lets the method observe the gradients, steps ``optimizer`` (and ``scheduler``
-    if given). ``forward`` is what is called on ``x`` (default ``model``; the trainer passes its
-    data-parallel wrapper, whose backward all-reduces the gradients). The trainer, the measured
-    step of :mod:`hpcdl.memory` and the study all call this function.
+    backpropagates, lets the method observe the gradients if it asks to, steps ``optimizer`` (and
+    ``scheduler`` if given). ``forward`` is what is called on ``x`` (default ``model``; the trainer
+    passes its data-parallel wrapper, whose backward all-reduces the gradients).
+    ``reduced_gradients(optimizer)``: a context in which the gradients are final and
+    ``optimizer.step()`` does not reduce them again (the trainer passes its distributed backend's;
+    Horovod reduces inside ``optimizer.step()``); the default suits one process and DDP, whose
+    backward ends with the reduction. The trainer, the measured step of :mod:`hpcdl.memory` and the
+    study all call this function.
     """
     optimizer.zero_grad(set_to_none=True)
     with method.context(model) as stats:
         loss = loss_fn((forward or model)(x), y)
     loss.backward()
-    method.observe_gradients(model)
-    optimizer.step()
+    if method.wants_gradients():
+        with (reduced_gradients or _final_after_backward)(optimizer):
+            method.observe_gradients(model)
+            optimizer.step()
+    else:
+        optimizer.step()
     if scheduler is not None:
         scheduler.step()
     return StepResult(loss.detach(), stats)

@@ -26,7 +26,7 @@ import json
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -67,10 +67,18 @@ class Controller(ABC):
     """Chooses the codec of each saved floating tensor; implement this for an adaptive policy.
 
     ``choose`` runs inside autograd's pack hook, once per saved floating tensor
-    above the session's size threshold, so keep it cheap. ``observe`` is called
-    by :meth:`Policy.record_gradients` after a backward pass with per-module
-    gradient statistics; ``info.grad_stats`` of the next step carries the same
-    mapping.
+    above the session's size threshold, so keep it cheap.
+
+    Gradient statistics cost a pass over every gradient and a copy to the host,
+    so they are read only for a controller that asks: when ``wants_gradients(step)``
+    is True, the training step calls :meth:`Policy.record_gradients` once the
+    distributed backend has finished reducing the gradients (so every rank sees
+    the same, averaged statistics), and ``observe`` gets them;
+    ``info.grad_stats`` of the next step carries the same mapping.
+
+    ``state_dict``/``load_state_dict`` hold what the controller learned, so a
+    resumed run continues with it (the trainer's checkpoints store it through
+    :meth:`Policy.state_dict`).
     """
 
     @abstractmethod
@@ -81,8 +89,22 @@ class Controller(ABC):
         """Every config this controller can return, so that a policy can validate them up front."""
         return []
 
+    def wants_gradients(self, step: int) -> bool:
+        """Whether the step numbered ``step`` (forwards so far) should read gradient statistics; default never."""
+        return False
+
     def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:  # noqa: B027  (optional hook)
-        """Called with last step's gradient statistics; the built-in controllers ignore them."""
+        """Called with this step's gradient statistics when :meth:`wants_gradients` said so."""
+
+    def state_dict(self) -> dict:
+        """What this controller learned, as plain data (numbers, strings, lists, dicts); default nothing."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s output; a controller that keeps no state takes only ``{}``."""
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, but was given {sorted(state)}: the state "
+                             "comes from another controller")
 
 
 class StaticController(Controller):
@@ -180,19 +202,35 @@ class Policy:
     def info(self, module: str, kind: str, tensor: torch.Tensor) -> SavedTensorInfo:
         return SavedTensorInfo(module, kind, tuple(tensor.shape), tensor.dtype, self.step, self.grad_stats)
 
+    def wants_gradients(self) -> bool:
+        """Whether this step's gradient statistics should be read (the controller decides; see :class:`Controller`)."""
+        return self.controller.wants_gradients(self.step)
+
     def record_gradients(self, model: torch.nn.Module) -> dict[str, GradStat]:
-        """Summarise each module's own parameter gradients and pass them to the controller; call after backward."""
-        stats = {}
-        for name, module in model.named_modules():
-            grads = [p.grad.detach() for p in module.parameters(recurse=False) if p.grad is not None]
-            if not grads:
-                continue
-            norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
-            max_abs = max(float(g.abs().max()) if g.numel() else 0.0 for g in grads)
-            stats[name or "(model)"] = GradStat(norm=norm, max_abs=max_abs, numel=sum(g.numel() for g in grads))
+        """Summarise each module's own parameter gradients and pass them to the controller.
+
+        Call after the gradients are final (reduced across ranks), and only when :meth:`wants_gradients`.
+        """
+        stats = gradient_stats(model)
         self.grad_stats = stats
         self.controller.observe(self.step, stats)
         return stats
+
+    def state_dict(self) -> dict:
+        """The policy's progress as plain data: its step, the last gradient statistics, the controller's state."""
+        return {"step": self.step, "grad_stats": {name: asdict(stat) for name, stat in self.grad_stats.items()},
+                "controller": self.controller.state_dict()}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Continue from :meth:`state_dict`'s output (a state without ``controller``, from before it existed, is
+        taken as the controller's empty state)."""
+        try:
+            step, grad_stats = state["step"], {name: GradStat(**stat) for name, stat in state["grad_stats"].items()}
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"a policy state is {{'step', 'grad_stats', 'controller'}} as Policy.state_dict() "
+                             f"writes it; this one fails with {type(err).__name__}: {err}") from None
+        self.controller.load_state_dict(dict(state.get("controller") or {}))
+        self.step, self.grad_stats = int(step), grad_stats
 
     def describe(self) -> str:
         """A short name: the method spec of a static policy, else the controller's class name."""
@@ -202,6 +240,40 @@ class Policy:
 
     def __repr__(self) -> str:
         return f"Policy({self.describe()})"
+
+
+def gradient_stats(model: torch.nn.Module) -> dict[str, GradStat]:
+    """Each module's own parameter gradients summarised (L2 norm, largest magnitude, element count).
+
+    One batched computation on the gradients' device (``torch._foreach_norm``, then a segment sum and
+    maximum per module) and one copy of the results to the host, instead of two host syncs per parameter.
+    """
+    names: list[str] = []
+    grads: list[torch.Tensor] = []
+    owner: list[int] = []
+    numel: list[int] = []
+    for name, module in model.named_modules():
+        own = [p.grad.detach() for p in module.parameters(recurse=False) if p.grad is not None]
+        if own:
+            names.append(name or "(model)")
+            numel.append(sum(g.numel() for g in own))
+            for grad in own:
+                if grad.numel():  # an empty gradient adds nothing to either statistic
+                    grads.append(grad)
+                    owner.append(len(names) - 1)
+    if not names:
+        return {}
+    device = grads[0].device if grads else torch.device("cpu")
+    sums = torch.zeros(len(names), dtype=torch.float64, device=device)
+    maxima = torch.zeros(len(names), dtype=torch.float64, device=device)
+    if grads:
+        index = torch.tensor(owner, device=device)
+        norms = torch.stack([n.to(device, torch.float64) for n in torch._foreach_norm(grads)])
+        largest = torch.stack([n.to(device, torch.float64) for n in torch._foreach_norm(grads, math.inf)])
+        sums.index_add_(0, index, norms.square())
+        maxima.scatter_reduce_(0, index, largest, "amax")
+    norm_list, max_list = torch.stack([sums.sqrt(), maxima]).tolist()  # the one copy to the host
+    return {name: GradStat(norm=n, max_abs=m, numel=c) for name, n, m, c in zip(names, norm_list, max_list, numel)}
 
 
 # Options given without a key, by codec id: "cast:bf16" means dtype=bf16.

@@ -20,11 +20,13 @@ does the work, so every method is measured by the same code.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import yaml
 
 from hpcdl.errors import HpcdlError
+from hpcdl.train.config import LEGACY_CODEC_KEYS
 
 
 class MethodSpecError(HpcdlError, ValueError):
@@ -32,8 +34,9 @@ class MethodSpecError(HpcdlError, ValueError):
 
 
 TRAINER_METHODS = {"baseline": "none", "checkpoint": "checkpoint", "offload": "offload"}
-# Codec config keys the trainer's ``compression`` section holds (everything else is the runtime's business).
-CODEC_CONFIG_KEYS = ("id", "mode", "bound", "bits", "dtype", "group_size")
+#: Deprecated (one release): the codec keys the trainer's old flat ``compression`` section held. A method
+#: spec now carries any option of its codec, as ``compression.codec``; nothing reads this list.
+CODEC_CONFIG_KEYS = LEGACY_CODEC_KEYS
 
 
 @dataclass(frozen=True)
@@ -61,18 +64,17 @@ class Method:
         """Trainer config overrides (``section.key=value``) that select this method."""
         if self.kind != "codec":
             return [f"compression.method={TRAINER_METHODS[self.kind]}"]
-        # Every codec key is set, unused ones to null, so nothing leaks in from the base config's codec.
-        codec = self.codec_config
-        return ["compression.method=codec"] + [f"compression.{key}={yaml_scalar(codec.get(key))}"
-                                               for key in CODEC_CONFIG_KEYS]
+        # The whole codec mapping, with its id, replaces the base config's codec: no option leaks in from it.
+        return ["compression.method=codec", f"compression.codec={yaml_scalar(self.codec_config)}"]
 
 
 def yaml_scalar(value) -> str:
-    """``value`` written so that the trainer's YAML parsing of an override reads it back unchanged.
+    """``value`` (a scalar or a flat mapping) written on one line so that the trainer's YAML parsing of an
+    override reads it back unchanged.
 
     PyYAML reads ``1e-2`` as a string (YAML 1.1 wants ``1.0e-2``), so floats go through its dumper.
     """
-    return yaml.safe_dump(value, default_flow_style=True).split("\n", 1)[0]
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=math.inf).split("\n", 1)[0]
 
 
 def parse_method(spec: str) -> Method:
@@ -93,13 +95,7 @@ def parse_method(spec: str) -> Method:
         ) from err
     if config is None:  # the runtime's "none": no compression, which is the baseline
         return Method(spec=spec, kind="baseline")
-    unknown = sorted(set(config) - set(CODEC_CONFIG_KEYS))
-    if unknown:
-        raise MethodSpecError(
-            f"method {spec!r} sets {unknown}, which the trainer's compression section does not hold; "
-            f"it holds {list(CODEC_CONFIG_KEYS)}"
-        )
-    return Method(spec=spec, kind="codec", codec=tuple((key, config[key]) for key in CODEC_CONFIG_KEYS if key in config))
+    return Method(spec=spec, kind="codec", codec=tuple(config.items()))
 
 
 def parse_methods(specs: str | list[str | Method]) -> list[Method]:

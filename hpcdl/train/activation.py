@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hpcdl.runtime.methods import ActivationMethod, Checkpoint, Codec, Offload, Plain, compose, model_blocks
-from hpcdl.train.config import codec_config, method_parts
+from hpcdl.train.config import method_parts
 
 
 def compression_policy(compression: dict):
@@ -20,7 +20,7 @@ def compression_policy(compression: dict):
         return None
     from hpcdl.runtime.policy import Policy
 
-    default = codec_config(compression)
+    default = compression["codec"]
     if compression["per_module"]:
         return Policy.per_module(compression["per_module"], default=default)
     return Policy.static(default)
@@ -35,7 +35,7 @@ def method_name(compression: dict) -> str:
     """The method as a run records it: ``none``, ``codec:<spec>``, ``checkpoint``, ``checkpoint+codec:<spec>``..."""
     from hpcdl.runtime.policy import spec_from_config
 
-    return "+".join(f"codec:{spec_from_config(codec_config(compression))}" if part == "codec" else part
+    return "+".join(f"codec:{spec_from_config(compression['codec'])}" if part == "codec" else part
                     for part in method_parts(compression))
 
 

@@ -8,6 +8,5 @@ from __future__ import annotations
 
 COMPARED_METHODS: dict[str, list[str]] = {
     "baseline": ["compression.method=none"],
-    "sz rel 1e-2": ["compression.method=codec", "compression.id=sz", "compression.mode=rel",
-                    "compression.bound=1e-2"],
+    "sz rel 1e-2": ["compression.method=codec", "compression.codec={id: sz, mode: rel, bound: 1.0e-2}"],
 }

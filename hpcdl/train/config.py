@@ -4,7 +4,10 @@ A config is a YAML mapping with the sections ``model``, ``data``, ``train``,
 ``optimizer``, ``compression``, ``distributed``, ``checkpoint`` and ``logging``.
 Every key is declared in :data:`SCHEMA` with its type, allowed values or range
 and default, so a typo is an error that names the key's full path and the
-closest valid key instead of a setting silently ignored.
+closest valid key instead of a setting silently ignored. The one exception is
+the codec: ``compression.codec`` is a codec config mapping (``{id: sz, mode:
+rel, bound: 1e-2}``) whose options the codec itself checks, through
+:func:`hpcdl.compress.get_codec`, so a codec brings its own options with it.
 
 Shipped configs live in ``hpcdl/configs/<name>.yaml`` and are found by name. A
 config may start from another with ``extends: <name>``; its own keys then
@@ -17,6 +20,7 @@ import copy
 import difflib
 import math
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -58,6 +62,15 @@ class Field:
 
 #: ``compression.method`` values: one method, or checkpointing combined with the one saved-tensor hook method.
 COMPRESSION_METHODS = ("none", "codec", "checkpoint", "offload", "checkpoint+codec", "checkpoint+offload")
+
+
+#: The codec a ``compression.codec`` mapping without an ``id`` means (and the default codec).
+DEFAULT_CODEC_ID = "sz"
+
+#: Deprecated: codec keys written flat into ``compression`` (``compression.bound``), the form before
+#: ``compression.codec``. Still read for one release: each is moved into ``compression.codec`` (a null
+#: value removes the option) with a FutureWarning; see :func:`_translate_legacy_codec_keys`.
+LEGACY_CODEC_KEYS = ("id", "mode", "bound", "bits", "dtype", "group_size")
 
 
 def method_parts(compression: dict) -> tuple[str, ...]:
@@ -111,12 +124,10 @@ SCHEMA: dict[str, Any] = {
     "compression": {
         "method": Field("str", "none", choices=COMPRESSION_METHODS,
                         help="what autograd keeps for backward; checkpoint+X checkpoints the blocks and applies X"),
-        "id": Field("str", "sz", help="codec id for method: codec"),
-        "mode": Field("str", None, nullable=True, choices=("abs", "rel", "pw_rel")),
-        "bound": Field("float", None, nullable=True, minimum=0.0),
-        "bits": Field("int", None, nullable=True, minimum=1, maximum=16),
-        "dtype": Field("str", None, nullable=True),
-        "group_size": Field("int", None, nullable=True, minimum=1),
+        "codec": Field("codec", {"id": DEFAULT_CODEC_ID},
+                       help="the codec of method: codec, one mapping checked by the codec itself, e.g. "
+                            "{id: sz, mode: rel, bound: 1e-2}; without an id it changes the options of the "
+                            "codec it extends (id sz if none)"),
         "per_module": Field("dict", {}, help="module-name glob -> codec config, overriding the default codec"),
         "min_bytes": Field("int", None, nullable=True, minimum=0, help="saved tensors smaller than this stay raw"),
     },
@@ -135,7 +146,8 @@ SCHEMA: dict[str, Any] = {
     },
 }
 
-CODEC_OPTION_KEYS = ("mode", "bound", "bits", "dtype", "group_size")
+#: Deprecated alias (one release): the flat codec options of the old ``compression`` form.
+CODEC_OPTION_KEYS = LEGACY_CODEC_KEYS[1:]
 
 
 class ConfigError(HpcdlError, ValueError):
@@ -163,6 +175,16 @@ def _yaml_float(text: str) -> float | str:
         return text
 
 
+_YAML11_EXPONENT = re.compile(r"[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+")
+
+
+def _codec_numbers(codec: dict) -> dict:
+    """A codec mapping with YAML 1.1's unread numbers (``bound: 1e-2``, a string there) read as the floats they are;
+    the codec checks its options itself, so this is the one conversion the config does for it."""
+    return {key: float(value) if isinstance(value, str) and _YAML11_EXPONENT.fullmatch(value) else value
+            for key, value in codec.items()}
+
+
 def _check_value(path: str, field: Field, value: Any) -> Any:
     """Return ``value`` normalised to the field's kind, or raise ConfigError saying what would be right."""
     if value is None:
@@ -176,6 +198,7 @@ def _check_value(path: str, field: Field, value: Any) -> Any:
     expected = {
         "str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
         "dict": "a mapping", "list": "a list", "bytes": "a size like 4GiB or a number of bytes",
+        "codec": "a codec config mapping like {id: sz, mode: rel, bound: 1e-2}",
     }[field.kind]
     if field.also:
         expected += " or " + " or ".join(repr(a) for a in field.also)
@@ -185,11 +208,14 @@ def _check_value(path: str, field: Field, value: Any) -> Any:
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         "bool": lambda v: isinstance(v, bool),
         "dict": lambda v: isinstance(v, dict),
+        "codec": lambda v: isinstance(v, dict),
         "list": lambda v: isinstance(v, list),
         "bytes": lambda v: isinstance(v, (int, float, str)) and not isinstance(v, bool),
     }[field.kind]
     if not ok_type(value):
         raise ConfigError(f"config key {path!r} must be {expected}, got {value!r} ({type(value).__name__})")
+    if field.kind == "codec":
+        value = {"id": DEFAULT_CODEC_ID, **_codec_numbers(value)}
     if field.kind == "float":
         value = float(value)
         if not math.isfinite(value):
@@ -243,16 +269,32 @@ def check_run_name(name: str) -> str:
     return name
 
 
+def check_codec_config(path: str, codec: dict) -> None:
+    """Build the codec ``codec`` names, so that its own check of its options runs now; its error, if any,
+    becomes a ConfigError that names the config key ``path`` (``compression.codec``) and the mapping."""
+    from hpcdl.compress import UnknownCodecError, get_codec  # torch: only for configs that compress
+
+    try:
+        get_codec(codec)
+    except UnknownCodecError as err:
+        raise ConfigError(f"config key '{path}.id': {err}") from None
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"config key {path!r} = {codec!r}: {err}") from None
+
+
 def _check_cross_fields(config: dict) -> None:
     compression, optimizer = config["compression"], config["optimizer"]
     betas = optimizer["betas"]
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
         raise ConfigError(f"config key 'optimizer.betas' must be two numbers in [0, 1), got {betas!r}")
     if "codec" in method_parts(compression):
+        check_codec_config("compression.codec", compression["codec"])
         for pattern, codec in compression["per_module"].items():
             if not isinstance(codec, dict) or "id" not in codec:
                 raise ConfigError(f"config key 'compression.per_module.{pattern}' must be a codec config with an "
                                   f"'id', like {{id: sz, mode: rel, bound: 1e-2}}; got {codec!r}")
+            compression["per_module"][pattern] = codec = _codec_numbers(codec)
+            check_codec_config(f"compression.per_module.{pattern}", codec)
     elif compression["per_module"]:
         raise ConfigError("config key 'compression.per_module' applies only to compression.method: codec (or checkpoint+codec), "
                           f"not {compression['method']!r}")
@@ -260,21 +302,67 @@ def _check_cross_fields(config: dict) -> None:
 
 def validate(raw: dict) -> dict:
     """Check ``raw`` against :data:`SCHEMA`; return a new dict with every key present (defaults filled in)."""
-    config = _validate_section(raw, SCHEMA, "")
+    config = _validate_section(_translate_legacy_codec_keys(raw, "the config"), SCHEMA, "")
     _check_cross_fields(config)
     return config
 
 
 def codec_config(compression: dict) -> dict:
-    """The codec config dict (``{"id": ..., options}``) that a resolved ``compression`` section names."""
-    codec = {"id": compression["id"]}
-    codec.update({key: compression[key] for key in CODEC_OPTION_KEYS if compression[key] is not None})
-    return codec
+    """A copy of ``compression["codec"]`` of a resolved section (kept for one release; read the key instead)."""
+    return dict(compression["codec"])
 
 
-def _set_path(tree: dict, path: str, value: Any) -> None:
-    """Set ``tree[a][b]... = value`` for ``path`` "a.b...", checking each step against the schema."""
+def _translate_legacy_codec_keys(raw: dict, where: str) -> dict:
+    """``raw`` with the deprecated flat codec keys of its ``compression`` section (:data:`LEGACY_CODEC_KEYS`)
+    moved into ``compression.codec``, warning once (FutureWarning) with the keys and the new form.
+
+    The keys change the codec of the same file (or the one it extends) as they always did: each sets
+    that option, a null removes it, ``id`` alone keeps the other options."""
+    compression = raw.get("compression")
+    if not isinstance(compression, dict):
+        return raw
+    legacy = [key for key in LEGACY_CODEC_KEYS if key in compression]
+    if not legacy:
+        return raw
+    raw = {**raw, "compression": dict(compression)}
+    compression = raw["compression"]
+    codec = compression.get("codec")
+    codec = dict(codec) if isinstance(codec, dict) else {}
+    for key in legacy:
+        value = compression.pop(key)
+        if value is None:
+            codec.pop(key, None)
+        else:
+            codec[key] = value
+    compression["codec"] = codec
+    _warn_legacy([f"compression.{key}" for key in legacy], where)
+    return raw
+
+
+def _warn_legacy(keys: list[str], where: str) -> None:
+    new = ", ".join(key.replace("compression.", "compression.codec.") for key in keys)
+    what = f"config key {keys[0]} in {where} is" if len(keys) == 1 else f"config keys {', '.join(keys)} in {where} are"
+    warnings.warn(f"{what} deprecated and will be removed in the next "
+                  f"release; write {new} (the form `compression: {{method: codec, codec: {{id: sz, mode: rel, "
+                  "bound: 1e-2}}`)", FutureWarning, stacklevel=4)
+
+
+def _set_path(tree: dict, path: str, value: Any) -> bool:
+    """Set ``tree[a][b]... = value`` for ``path`` "a.b...", checking each step against the schema.
+
+    Returns True for a deprecated flat codec key (``compression.bound``), which sets ``compression.codec``'s option.
+    """
     parts = path.split(".")
+    if len(parts) == 2 and parts[0] == "compression" and parts[1] in LEGACY_CODEC_KEYS:
+        compression = tree.get("compression")
+        compression = tree["compression"] = dict(compression) if isinstance(compression, dict) else {}
+        codec = compression.get("codec")
+        codec = compression["codec"] = dict(codec) if isinstance(codec, dict) else {}
+        if value is None:
+            codec.pop(parts[1], None)
+        else:
+            codec[parts[1]] = value
+        return True
     schema: Any = SCHEMA
     node = tree
     for depth, part in enumerate(parts):
@@ -283,18 +371,19 @@ def _set_path(tree: dict, path: str, value: Any) -> None:
             # Inside a free-form mapping (model.options, compression.per_module): the rest is one key,
             # since globs like "backbone.*" contain dots.
             node[".".join(parts[depth:])] = value
-            return
+            return False
         if part not in schema:
             raise _unknown_key(here, part, schema)
         schema = schema[part]
         if depth == len(parts) - 1:
             node[part] = value
-            return
+            return False
         child = node.get(part)
         if not isinstance(child, dict):
             child = {}
             node[part] = child
         node = child
+    return False
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -377,11 +466,18 @@ def _extends(raw: dict, where: str) -> str | None:
     return parent
 
 
-def _merge(base: dict, override: dict) -> dict:
+def _replaces(path: str, value: dict) -> bool:
+    """Whether ``value`` at ``path`` of an extending config replaces the base's mapping instead of merging into
+    it: per-module codecs always; a codec that names its ``id`` (a new codec, not new options for the old one)."""
+    return path == "compression.per_module" or (path == "compression.codec" and "id" in value)
+
+
+def _merge(base: dict, override: dict, path: str = "") -> dict:
     merged = copy.deepcopy(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key != "per_module":
-            merged[key] = _merge(merged[key], value)
+        here = f"{path}.{key}" if path else str(key)
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and not _replaces(here, value):
+            merged[key] = _merge(merged[key], value, here)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -391,7 +487,7 @@ def _load_raw(name_or_path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
     path = config_path(name_or_path).resolve()
     if path in seen:
         raise ConfigError(f"config 'extends' chain loops: {' -> '.join(str(p) for p in seen + (path,))}")
-    raw = _read_yaml(path)
+    raw = _translate_legacy_codec_keys(_read_yaml(path), str(path))
     parent = _extends(raw, str(path))
     if parent:
         parent_path = Path(parent)
@@ -407,7 +503,7 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
     Returns the resolved config: a plain dict with every schema key present.
     """
     if isinstance(source, dict):
-        raw = copy.deepcopy(source)
+        raw = _translate_legacy_codec_keys(copy.deepcopy(source), "the config")
         parent = _extends(raw, "the config")
         if parent:
             raw = _merge(_load_raw(parent), {k: v for k, v in raw.items() if k != "extends"})
@@ -415,9 +511,13 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
     else:
         raw = _load_raw(source)
         default_name = config_path(source).stem
+    legacy = []
     for text in overrides:
         key, value = parse_override(text)
-        _set_path(raw, key, value)
+        if _set_path(raw, key, value):
+            legacy.append(key)
+    if legacy:
+        _warn_legacy(legacy, "the --set overrides")
     if raw.get("name") is None:
         raw["name"] = default_name  # names the run directory
     raw.pop("extends", None)

@@ -18,12 +18,14 @@ host and a free port and broadcasts them with mpi4py), otherwise from MASTER_ADD
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import socket
 import subprocess
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -134,6 +136,14 @@ class Backend:
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
         return optimizer
+
+    def reduced_gradients(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+        """A context in which the gradients are final (reduced over ranks) and ``optimizer.step()`` inside it does
+        not reduce them again: what :func:`hpcdl.runtime.methods.train_step` reads gradient statistics in.
+
+        One process, and DDP (whose backward ends by waiting for its all-reduce): final after backward.
+        """
+        return contextlib.nullcontext()
 
     def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Make every rank's parameters, buffers and optimizer state equal to rank 0's."""
@@ -312,6 +322,14 @@ class HorovodBackend(Backend):
 
         wrapped.zero_grad = zero_grad
         return wrapped
+
+    @contextlib.contextmanager
+    def reduced_gradients(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """Horovod's all-reduces run in the background until ``optimizer.synchronize()`` (which ``step()`` calls):
+        wait for them now, and let ``step()`` inside this context skip its own synchronize."""
+        optimizer.synchronize()  # type: ignore[attr-defined]  # a horovod DistributedOptimizer
+        with optimizer.skip_synchronize():  # type: ignore[attr-defined]
+            yield
 
     def broadcast_state(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -204,10 +204,6 @@ class _Run:
         return new_run_dir(self.config["logging"]["out_dir"], self.config["name"], stamp)
 
     def _state(self) -> dict:
-        policy_state = {}
-        if self.policy is not None:
-            policy_state = {"step": self.policy.step,
-                            "grad_stats": {k: asdict(v) for k, v in self.policy.grad_stats.items()}}
         return {
             "identity": _identity(self.config, self.global_batch),
             "epoch_records": self.epochs,
@@ -217,14 +213,12 @@ class _Run:
             "scheduler": self.scheduler.state_dict(),
             "loader": self.loader.state_dict(),
             "rng": ckpt.rng_state(),
-            "compression": policy_state,
+            "compression": self.policy.state_dict() if self.policy is not None else {},
         }
 
     def _restore(self, path: Path, state: dict) -> None:
         """Continue from ``state``, the checkpoint loaded from ``path``: weights, optimizer, schedule, data
         position, every random generator (torch, NumPy, Python) and the compression policy."""
-        from hpcdl.runtime.policy import GradStat
-
         ckpt.check_compatible(state, _identity(self.config, self.global_batch), path)
         try:
             self.model.load_state_dict(state["model"])
@@ -235,8 +229,11 @@ class _Run:
         self.loader.load_state_dict(state["loader"])
         ckpt.set_rng_state(state["rng"])
         if self.policy is not None and state["compression"]:
-            self.policy.step = state["compression"]["step"]
-            self.policy.grad_stats = {k: GradStat(**v) for k, v in state["compression"]["grad_stats"].items()}
+            try:
+                self.policy.load_state_dict(state["compression"])
+            except ValueError as err:
+                raise ckpt.CheckpointError(f"checkpoint {path}: its compression policy state does not fit this "
+                                           f"run's policy: {err}") from None
         self.step = self.resumed_from = state["step"]
         self.epochs = list(state["epoch_records"])
         self.epoch_losses = list(state["epoch_losses"])
@@ -251,7 +248,8 @@ class _Run:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         _seed_step(self.config["train"]["seed"], self.step, self.backend.rank)
         result = methods.train_step(self.model, self.activation, x, y, self.spec.loss, self.optimizer,
-                                    forward=self.ddp_model, scheduler=self.scheduler)
+                                    forward=self.ddp_model, scheduler=self.scheduler,
+                                    reduced_gradients=self.backend.reduced_gradients)
         if result.stats is not None:
             for key, row in result.stats.rows.items():
                 stats.rows[key].add(row)
