@@ -133,11 +133,12 @@ def test_hep_loader_reads_only_the_fields_its_features_need(hep_dir):
     assert images.reader.fields == ["images", "labels"]
     assert sorted(constituents.reader.fields) == ["constituents", "jet_eta", "jet_phi", "labels", "n_constituents"]
     images[0]
-    handle = images.reader.handle(0)
     # The dataset object (and so its cache of decompressed chunks) stays open between reads.
-    assert handle["images"] is handle["images"]
+    kept = images.reader.on_file(0, lambda h5: h5["images"] is h5["images"] and h5["images"].id.valid)
+    assert kept
     with pytest.raises(ValueError, match="not among the expected datasets"):
-        HDF5Reader(images.reader.paths, images.reader.counts, 2, {"labels": ()}, y_field="labels", fields=["jet_pt"])
+        HDF5Reader(images.reader.paths, images.reader.counts, 2, {"labels": ((), "iu")}, y_field="labels",
+                   fields=["jet_pt"])
 
 
 def _damaged_copy(hep_dir, tmp_path, damage):
