@@ -55,7 +55,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--runs", type=int, default=30, help="open/iterate/drop cycles per trial")
-    parser.add_argument("--data", nargs="+", default=["climate-sample", "hep-sample"])
+    parser.add_argument("--data", nargs="+", default=["climate-sample"])
     parser.add_argument("--once", action="store_true", help="run one trial in this process")
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args()
