@@ -8,7 +8,7 @@ everything. A ``netCDF4.Dataset`` sits in a reference cycle with its Variables a
 only the garbage collector frees it, in whichever thread it runs; here a third thread runs
 ``gc.collect()`` in a loop, as allocation-triggered collections do at random in the real trainer.
 
-    python tools/repro_reader_race.py --trials 20          # each trial in a fresh subprocess
+    python tools/repro_reader_race.py --trials 20          # each trial in a fresh subprocess (climate)
     python tools/repro_reader_race.py --once --runs 30     # one trial in this process
 
 A trial fails if it raises, or if its process dies of a signal (SIGSEGV/SIGBUS/SIGABRT); the
@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=30, help="open/iterate/drop cycles per trial")
     parser.add_argument("--data", nargs="+", default=["climate-sample"])
     parser.add_argument("--once", action="store_true", help="run one trial in this process")
-    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     if args.once:
         one_trial(args.runs, args.data)
