@@ -57,9 +57,9 @@ def run_fuzz(cases: list[dict], tmp_path: Path, timeout_s: float) -> list[dict]:
         try:
             done = subprocess.run([sys.executable, str(WORKER), str(spec), str(first)], capture_output=True,
                                   text=True, timeout=timeout_s, env=env)
-            stdout, code = done.stdout, done.returncode
+            stdout, stderr, code = done.stdout, done.stderr, done.returncode
         except subprocess.TimeoutExpired as err:
-            stdout, code = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or ""), None
+            stdout, stderr, code = (err.stdout or b"").decode(), "", None
         for line in stdout.splitlines():
             if line.startswith("start "):
                 started = int(line.split()[1])
@@ -67,7 +67,7 @@ def run_fuzz(cases: list[dict], tmp_path: Path, timeout_s: float) -> list[dict]:
                 result = json.loads(line)
                 outcomes[result["case"]] = result
         if started is None:  # the worker failed before its first case
-            raise AssertionError(f"fuzz worker failed to start (code {code}): {done.stderr[-2000:]}")
+            raise AssertionError(f"fuzz worker failed to start (code {code}): {stderr[-2000:]}")
         if started in outcomes:
             assert code == 0, f"fuzz worker exited with {code} after its last case"
             break
