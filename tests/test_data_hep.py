@@ -14,8 +14,10 @@ import torch
 from hpcdl.data import (
     LabelRangeError,
     MalformedFileError,
+    NonFiniteError,
     ShapeError,
     TruncatedFileError,
+    ValueRangeError,
     load_dataset,
     read_manifest,
     verify_checksums,
@@ -140,11 +142,12 @@ def test_hep_loader_reads_only_the_fields_its_features_need(hep_dir):
     assert images.reader.fields == ["images", "labels"]
     assert sorted(constituents.reader.fields) == ["constituents", "jet_eta", "jet_phi", "labels", "n_constituents"]
     images[0]
-    handle = images.reader.handle(0)
     # The dataset object (and so its cache of decompressed chunks) stays open between reads.
-    assert handle["images"] is handle["images"]
+    kept = images.reader.on_file(0, lambda h5: h5["images"] is h5["images"] and h5["images"].id.valid)
+    assert kept
     with pytest.raises(ValueError, match="not among the expected datasets"):
-        HDF5Reader(images.reader.paths, images.reader.counts, 2, {"labels": ()}, y_field="labels", fields=["jet_pt"])
+        HDF5Reader(images.reader.paths, images.reader.counts, 2, {"labels": ((), "iu")}, y_field="labels",
+                   fields=["jet_pt"])
 
 
 def _damaged_copy(hep_dir, tmp_path, damage):
@@ -242,3 +245,33 @@ def test_pythia_generator_makes_deterministic_w_and_qcd_jets(tmp_path):
     assert ((runs[0]["jet_pt"] >= 300) & (runs[0]["jet_pt"] < 400)).all()
     for key in runs[0]:
         assert np.array_equal(runs[0][key], runs[1][key]), key
+
+
+def _replace(name, values):
+    def damage(path):
+        with h5py.File(path, "a") as h5:
+            del h5[name]
+            h5[name] = values
+    return damage
+
+
+def test_hep_wrong_dtype_out_of_range_count_and_nan_are_named(hep_dir, tmp_path):
+    with h5py.File(hep_dir / "jets.h5") as h5:
+        images, counts = h5["images"][...], h5["n_constituents"][...]
+    with pytest.raises(ShapeError, match="jets.h5: dataset 'images' has dtype int32, expected a floating-point"):
+        load_dataset(_damaged_copy(hep_dir, tmp_path / "a", _replace("images", images.astype(np.int32))))
+
+    for bad in (-1, 33):
+        wrong = counts.copy()
+        wrong[7] = bad
+        data = load_dataset(_damaged_copy(hep_dir, tmp_path / f"c{bad}", _replace("n_constituents", wrong)),
+                            "all", features="constituents")
+        data[6]
+        with pytest.raises(ValueRangeError, match=f"jets.h5: sample 7 has n_constituents {bad}, expected 0 to 32"):
+            data[7]
+
+    poisoned = images.copy()
+    poisoned[3, 2, 2] = np.nan
+    data = load_dataset(_damaged_copy(hep_dir, tmp_path / "n", _replace("images", poisoned)), "all")
+    with pytest.raises(NonFiniteError, match="jets.h5: sample 3 has 1 non-finite value.*'images'"):
+        data[3]

@@ -13,9 +13,11 @@ import torch
 
 from hpcdl.data import (
     ChecksumError,
+    DataError,
     LabelRangeError,
     MalformedFileError,
     MissingFileError,
+    NonFiniteError,
     ShapeError,
     ShardedLoader,
     TruncatedFileError,
@@ -261,3 +263,78 @@ def test_checksums_catch_changed_content(copy):
     path.write_bytes(bytes(data))
     with pytest.raises(ChecksumError, match="climate_0001.nc.*sha256"):
         load_dataset(copy, verify=True)
+
+
+def _rewrite_variable(path, name, dtype, values, **attributes):
+    """Replace variable ``name`` of a climate file with one of ``dtype`` holding ``values``."""
+    with netCDF4.Dataset(path, "a") as nc:
+        nc.renameVariable(name, f"{name}_old")
+        var = nc.createVariable(name, dtype, ("time", "lat", "lon"))
+        var.set_auto_maskandscale(False)
+        for key, value in attributes.items():
+            var.setncattr(key, value)
+        var[:] = values
+
+
+def test_nan_input_names_the_file_sample_and_variable(copy):
+    path = copy / "climate_0001.nc"
+    with netCDF4.Dataset(path) as nc:
+        values = np.array(nc.variables["u"][:], dtype=np.float32)
+    values[2, 5, 6] = np.nan
+    values[2, 0, 0] = np.inf
+    _rewrite_variable(path, "u", "f4", values)
+    _refresh_manifest(copy, "climate_0001.nc")
+    data = load_dataset(copy, "all")
+    data[4]  # sample 0 of that file is fine
+    with pytest.raises(NonFiniteError, match="climate_0001.nc: sample 2 has 2 non-finite value.*'u'"):
+        data[6]
+
+
+def test_wrongly_typed_variables_are_refused_with_expected_and_found(copy, climate_dir):
+    path = copy / "climate_0000.nc"
+    _rewrite_variable(path, "u", "i4", np.zeros((4, 16, 24), np.int32))
+    _refresh_manifest(copy, "climate_0000.nc")
+    with pytest.raises(ShapeError, match="climate_0000.nc: variable 'u' has dtype int32 without a scale_factor"):
+        load_dataset(copy)
+    packed = copy / "climate_0002.nc"
+    _rewrite_variable(packed, "v", "i4", np.zeros((2, 16, 24), np.int32), scale_factor=0.5)  # CF packing is fine
+    _refresh_manifest(copy, "climate_0002.nc")
+    with pytest.raises(ShapeError, match="climate_0000.nc"):  # still only the unpacked int32 is refused
+        load_dataset(copy)
+    shutil.copy(climate_dir / "climate_0000.nc", path)
+    _refresh_manifest(copy, "climate_0000.nc")
+    _rewrite_variable(copy / "climate_0001.nc", "labels", "f4", np.zeros((4, 16, 24), np.float32))
+    _refresh_manifest(copy, "climate_0001.nc")
+    with pytest.raises(ShapeError, match="climate_0001.nc.*'labels' has dtype float32, expected an integer dtype"):
+        load_dataset(copy)
+
+
+def test_manifest_normalisation_problems_are_named(copy):
+    path = copy / "manifest.json"
+    body = json.loads(path.read_text())
+    std = body["normalization"]["fields"]["std"]
+    std[3] = 0.0
+    path.write_text(json.dumps(body))
+    name = body["normalization"]["fields"]["names"][3]
+    with pytest.raises(MalformedFileError, match=f"manifest.json: normalization\\['fields'\\] has std 0.0 for "
+                                                 f"channel '{name}'.*constant channel"):
+        load_dataset(copy)
+    assert load_dataset(copy, normalize=False)[0][0].shape == (6, 16, 24)  # raw values stay readable
+    std[3] = float("nan")
+    path.write_text(json.dumps(body))
+    with pytest.raises(MalformedFileError, match="std of .* is nan, expected a finite number"):
+        load_dataset(copy)
+    del body["normalization"]["fields"]
+    path.write_text(json.dumps(body))
+    with pytest.raises(MalformedFileError, match="manifest.json: normalization lacks \\['fields'\\]"):
+        load_dataset(copy)
+
+
+def test_corrupted_metadata_is_a_named_error(copy):
+    path = copy / "climate_0000.nc"
+    data = bytearray(path.read_bytes())
+    data[1500:1600] = bytes(range(100))  # inside the root group's object header
+    path.write_bytes(bytes(data))
+    _refresh_manifest(copy, "climate_0000.nc")
+    with pytest.raises(DataError, match="climate_0000.nc"):
+        load_dataset(copy, "all")[0]

@@ -11,13 +11,15 @@
 
 from .datasets import load_dataset, split_indices
 from .errors import (
-    ChecksumError,
-    DataError,
-    LabelRangeError,
-    MalformedFileError,
-    MissingFileError,
-    ShapeError,
-    TruncatedFileError,
+                     ChecksumError,
+                     DataError,
+                     LabelRangeError,
+                     MalformedFileError,
+                     MissingFileError,
+                     NonFiniteError,
+                     ShapeError,
+                     TruncatedFileError,
+                     ValueRangeError,
 )
 from .manifest import Manifest, read_manifest, verify_checksums
 from .samples import SAMPLE_NAMES
@@ -27,5 +29,5 @@ from .synthetic import RANDOM_DATASETS
 __all__ = [
     "load_dataset", "split_indices", "ShardedLoader", "Manifest", "read_manifest", "verify_checksums",
     "SAMPLE_NAMES", "RANDOM_DATASETS", "DataError", "MissingFileError", "TruncatedFileError", "MalformedFileError",
-    "ShapeError", "LabelRangeError", "ChecksumError",
+    "ShapeError", "LabelRangeError", "ValueRangeError", "NonFiniteError", "ChecksumError",
 ]

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import MissingFileError, ShapeError
+from .errors import MalformedFileError, MissingFileError, ShapeError, ValueRangeError
 from .features import CONSTITUENT_FEATURES, NORMALISED_FEATURES, constituent_features
 from .manifest import Manifest, read_manifest, verify_checksums
-from .readers import ClimateNetCDFReader, DeepCAMReader, HDF5Reader
+from .readers import FLOAT, INTEGER, ClimateNetCDFReader, DeepCAMReader, FileReader, HDF5Reader
 from .samples import SAMPLE_NAMES, sample_path
 from .synthetic import RANDOM_DATASETS, random_dataset
 
@@ -54,6 +54,8 @@ def split_indices(count: int, split: str, val_fraction: float, time_ordered: boo
 class ManifestDataset(torch.utils.data.Dataset):
     """A split of a data set on disk: ``len`` samples, read lazily through ``reader``."""
 
+    reader: FileReader  # set by each subclass's constructor
+
     def __init__(self, manifest: Manifest, indices: np.ndarray, info: dict) -> None:
         self.manifest = manifest
         self.indices = indices
@@ -63,23 +65,51 @@ class ManifestDataset(torch.utils.data.Dataset):
         return len(self.indices)
 
     def __getitem__(self, item: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not -len(self) <= item < len(self):
-            raise IndexError(f"item {item} out of range for a split of {len(self)} samples")
-        x, y = self.sample(int(self.indices[item]))
-        return torch.from_numpy(x), torch.from_numpy(np.asarray(y, dtype=np.int64))
+        return self.__getitems__([item])[0]
 
-    def sample(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def __getitems__(self, items: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Several items with one hand-over to the I/O thread (torch's DataLoader and ``ShardedLoader``
+        fetch whole batches through this), rather than one per item."""
+        for item in items:
+            if not -len(self) <= item < len(self):
+                raise IndexError(f"item {item} out of range for a split of {len(self)} samples")
+        indices = [int(self.indices[item]) for item in items]
+        out = []
+        for index, raw in zip(indices, self.reader.read_many(indices)):
+            x, y = self.sample(index, raw)
+            out.append((torch.from_numpy(x), torch.from_numpy(np.asarray(y, dtype=np.int64))))
+        return out
+
+    def sample(self, index: int, raw) -> tuple[np.ndarray, np.ndarray]:
+        """The item of global sample ``index`` from what the reader returned for it."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Close the open data files now (reading again reopens them); otherwise they close when the
+        dataset is garbage-collected."""
+        self.reader.close()
 
-def _stats(manifest: Manifest, key: str, names: tuple | list) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and std (std floored, so constant channels do not divide by zero) for ``names`` under ``key``."""
+
+def _stats(manifest: Manifest, key: str, names: tuple | list, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and std of ``names`` under ``normalization[key]``, or 0 and 1 if not ``normalize``.
+
+    A std of zero is refused, not floored: a constant channel cannot be standardised (its values
+    minus the mean, divided by a tiny floor, would turn packing round-off into huge inputs). Such a
+    channel carries no information; read it raw with ``normalize=False`` or drop it from the data.
+    """
     entry = manifest.normalization.get(key)
     if entry is None or list(entry["names"]) != list(names):
         raise ShapeError(manifest.path, f"normalization[{key!r}] must list {list(names)}, got "
                                         f"{None if entry is None else entry['names']}")
+    if not normalize:
+        return np.zeros(len(names), np.float32), np.ones(len(names), np.float32)
     mean = np.asarray(entry["mean"], dtype=np.float32)
-    std = np.maximum(np.asarray(entry["std"], dtype=np.float32), 1e-12)
+    std = np.asarray(entry["std"], dtype=np.float32)
+    for name, value in zip(names, std):
+        if not value > 0:
+            raise MalformedFileError(manifest.path, f"normalization[{key!r}] has std {float(value)} for channel "
+                                                    f"{name!r}: a constant channel cannot be standardised; load "
+                                                    "with normalize=False or regenerate without that channel")
     return mean, std
 
 
@@ -95,12 +125,11 @@ class ClimateDataset(ManifestDataset):
             self.reader = ClimateNetCDFReader(paths, counts, manifest.num_classes, names, height, width)
         else:
             self.reader = DeepCAMReader(paths, counts, manifest.num_classes, height, width, channels)
-        mean, std = _stats(manifest, "fields", names)
-        self.mean = mean[:, None, None] if normalize else np.zeros((channels, 1, 1), np.float32)
-        self.std = std[:, None, None] if normalize else np.ones((channels, 1, 1), np.float32)
+        mean, std = _stats(manifest, "fields", names, normalize)
+        self.mean, self.std = mean[:, None, None], std[:, None, None]
 
-    def sample(self, index):
-        x, y = self.reader.read(index)
+    def sample(self, index, raw):
+        x, y = raw
         return (x - self.mean) / self.std, y
 
 
@@ -115,26 +144,29 @@ class HEPDataset(ManifestDataset):
         shapes = manifest.sample_shape
         image_shape = tuple(shapes["images"])[1:]
         max_particles = shapes["constituents"][0]
-        expected = {"images": image_shape, "constituents": (max_particles, 4), "n_constituents": (),
-                    "labels": (), "jet_eta": (), "jet_phi": ()}
+        expected = {"images": (image_shape, FLOAT), "constituents": ((max_particles, 4), FLOAT),
+                    "n_constituents": ((), INTEGER), "labels": ((), INTEGER), "jet_eta": ((), FLOAT),
+                    "jet_phi": ((), FLOAT)}
         fields = HEP_FIELDS[features]
         self.reader = HDF5Reader(manifest.file_paths(), [f["samples"] for f in manifest.files],
                                  manifest.num_classes, expected, y_field="labels", fields=fields)
         if features == "images":
-            self.mean, self.std = _stats(manifest, "images", ["pt_fraction"])
+            self.mean, self.std = _stats(manifest, "images", ["pt_fraction"], normalize)
         else:
-            mean, std = _stats(manifest, "constituents", NORMALISED_FEATURES)
-            self.mean = np.concatenate([mean, [0.0]]).astype(np.float32)
+            mean, std = _stats(manifest, "constituents", NORMALISED_FEATURES, normalize)
+            self.mean = np.concatenate([mean, [0.0]]).astype(np.float32)  # the mask feature stays 0/1
             self.std = np.concatenate([std, [1.0]]).astype(np.float32)
-        if not normalize:
-            self.mean, self.std = np.zeros_like(self.mean), np.ones_like(self.std)
+        self.max_particles = max_particles
 
-    def sample(self, index):
-        row = self.reader.read_fields(index)
+    def sample(self, index, row):
         if self.features == "images":
             x = (row["images"][None].astype(np.float32) - self.mean) / self.std
         else:
             count = int(row["n_constituents"])
+            if not 0 <= count <= self.max_particles:
+                path, file_row = self.reader.where(index)
+                raise ValueRangeError(path, f"sample {file_row} has n_constituents {count}, expected 0 to "
+                                            f"{self.max_particles} (the constituents rows per jet)")
             x = constituent_features(row["constituents"], count, float(row["jet_eta"]), float(row["jet_phi"]))
             x[:count] = (x[:count] - self.mean) / self.std  # padding rows stay exactly zero
         return x, row["labels"]

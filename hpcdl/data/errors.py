@@ -2,7 +2,7 @@
 
 Every error names the file and says what is wrong with it, so a user staging data on a parallel
 file system can tell a missing file from a truncated copy, a file of the wrong layout, a variable
-of the wrong shape, or corrupt labels. All are ``ValueError`` (``MissingFileError`` is also a
+of the wrong shape or dtype, corrupt labels, or NaN/Inf inputs. All are ``ValueError`` (``MissingFileError`` is also a
 ``FileNotFoundError``), which the CLI reports as a clean error message.
 """
 
@@ -41,8 +41,16 @@ class ShapeError(DataError):
     """A variable has a shape or dtype other than the data set declares."""
 
 
-class LabelRangeError(DataError):
+class ValueRangeError(DataError):
+    """A value lies outside the range its meaning allows (a particle count above the maximum, ...)."""
+
+
+class LabelRangeError(ValueRangeError):
     """A label lies outside ``[0, num_classes)``."""
+
+
+class NonFiniteError(DataError):
+    """An input value of a sample is NaN or infinite."""
 
 
 class ChecksumError(DataError):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "hpcdl-dataset"
 VERSION = 1
 KINDS = ("climate-netcdf", "hep-hdf5", "deepcam-hdf5")
+#: The normalisation entries each kind's loader needs.
+NORMALIZATION_KEYS = {"climate-netcdf": ("fields",), "deepcam-hdf5": ("fields",), "hep-hdf5": ("images", "constituents")}
 _REQUIRED = ("format", "version", "name", "kind", "task", "num_classes", "class_names", "sample_shape",
              "count", "seed", "generator", "files", "normalization")
 
@@ -145,12 +148,34 @@ def read_manifest(path: str | Path) -> Manifest:
         raise MalformedFileError(path, "count differs from the sum of the files' sample counts")
     if len(body["class_names"]) != body["num_classes"]:
         raise MalformedFileError(path, "num_classes differs from the number of class_names")
+    _check_normalization(path, body["kind"], body["normalization"])
     extra = {key: value for key, value in body.items() if key not in _REQUIRED}
     return Manifest(root=path.parent, name=body["name"], kind=body["kind"], task=body["task"],
                     num_classes=int(body["num_classes"]), class_names=list(body["class_names"]),
                     sample_shape=body["sample_shape"], count=int(body["count"]), seed=int(body["seed"]),
                     generator=body["generator"], files=body["files"], normalization=body["normalization"],
                     extra=extra)
+
+
+def _check_normalization(path: Path, kind: str, normalization) -> None:
+    """Every entry the kind needs is there: equally long lists of names, finite means and finite stds."""
+    if not isinstance(normalization, dict):
+        raise MalformedFileError(path, f"normalization must be an object of feature sets, got {normalization!r}")
+    missing = [key for key in NORMALIZATION_KEYS[kind] if key not in normalization]
+    if missing:
+        raise MalformedFileError(path, f"normalization lacks {missing}: a {kind} data set needs "
+                                       f"{list(NORMALIZATION_KEYS[kind])}, each with names, mean and std")
+    for key, entry in normalization.items():
+        where = f"normalization[{key!r}]"
+        if not isinstance(entry, dict) or not {"names", "mean", "std"} <= set(entry):
+            raise MalformedFileError(path, f"{where} must hold names, mean and std")
+        lengths = {len(entry[part]) if isinstance(entry[part], list) else -1 for part in ("names", "mean", "std")}
+        if len(lengths) != 1 or -1 in lengths:
+            raise MalformedFileError(path, f"{where}: names, mean and std must be lists of one length")
+        for part in ("mean", "std"):
+            for name, value in zip(entry["names"], entry[part]):
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                    raise MalformedFileError(path, f"{where} {part} of {name!r} is {value!r}, expected a finite number")
 
 
 def verify_checksums(manifest: Manifest) -> int:

@@ -2,38 +2,60 @@
 
 A reader validates every file's metadata when it is made (variables present, shapes and dtypes as
 the manifest declares: cheap, no data read) and then reads one sample per ``read(index)`` call,
-never a whole file. File handles are opened on first use and cached per process: a handle
-inherited through ``fork`` (a DataLoader worker, an MPI launcher) is never reused, because
-HDF5/netCDF handles are not fork-safe; the child opens its own. Within a process, all library
-calls go through one lock: the HDF5 library under h5py and netCDF4 is not built thread-safe, and a
-prefetch thread may read the training set while the main thread reads the validation set (HDF5
-serialises its calls anyway, so the lock costs no parallelism).
+never a whole file, and checks it (labels in range, input values finite).
+
+Every HDF5/netCDF call — the metadata checks, opening, reading, closing — runs in the process's
+one I/O owner thread (NOTE [ HDF5 I/O owner ] in ``io_thread``): the libraries are not
+thread-safe, and a prefetch thread may read the training set while the main thread reads the
+validation set. A reader holds only keys of its open handles; they are opened on first use,
+closed by :meth:`FileReader.close` or, when the reader is garbage-collected, by its finalizer
+(which only posts the close to the owner). A forked child opens its own handles. Any failure of
+the library while reading a file becomes a named :class:`DataError` of that file.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 from bisect import bisect_right
 from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError, LabelRangeError, MalformedFileError, ShapeError, TruncatedFileError
+from . import io_thread
+from .errors import DataError, LabelRangeError, MalformedFileError, NonFiniteError, ShapeError, TruncatedFileError
 
-_LIBRARY_LOCK = threading.RLock()
+#: numpy dtype kinds a variable may have, by what it holds.
+FLOAT, INTEGER = "f", "iu"
+_KIND_NAMES = {FLOAT: "a floating-point dtype", INTEGER: "an integer dtype"}
 
 
-def _open_error(path: Path, err: Exception, kind: str) -> DataError:
-    """Map a library's open failure to a named error: truncation if the library says so, else malformed."""
-    text = str(err)
+def library_error(path: Path, err: Exception, kind: str, row: int | None = None) -> DataError:
+    """A library's failure on ``path`` as a named error: truncation if the library says so, else malformed."""
+    text = str(err) if isinstance(err, (OSError, RuntimeError)) else f"{type(err).__name__}: {err}"
+    what = "" if row is None else f"sample {row} "
     if "truncated" in text.lower():
-        return TruncatedFileError(path, f"is truncated ({text})")
-    return MalformedFileError(path, f"cannot be read as {kind} ({text})")
+        return TruncatedFileError(path, f"{what}cannot be read: the file is truncated ({text})")
+    return MalformedFileError(path, f"{what}cannot be read as {kind} ({text})")
+
+
+def check_dtype(path: Path, what: str, dtype, kind: str) -> None:
+    """Raise ``ShapeError`` unless ``dtype`` is of ``kind`` (FLOAT or INTEGER)."""
+    if np.dtype(dtype).kind not in kind:
+        raise ShapeError(path, f"{what} has dtype {np.dtype(dtype)}, expected {_KIND_NAMES[kind]}")
+
+
+def check_finite(path: Path, row: int, name: str, values: np.ndarray) -> None:
+    """Raise ``NonFiniteError`` if floating-point ``values`` (sample ``row``'s ``name``) hold NaN or Inf."""
+    values = np.asarray(values)
+    if values.dtype.kind != "f":
+        return
+    finite = np.isfinite(values)
+    if not finite.all():
+        raise NonFiniteError(path, f"sample {row} has {finite.size - int(finite.sum())} non-finite value(s) "
+                                   f"(NaN or Inf) in {name!r}; repair or drop that sample")
 
 
 class FileReader:
-    """Common part: file list, global index -> (file, row), per-process handle cache, label checks."""
+    """Common part: file list, global index -> (file, row), the handles in the I/O owner, checks."""
 
     kind = "file"
 
@@ -42,8 +64,8 @@ class FileReader:
         self.counts = [int(c) for c in counts]
         self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
         self.num_classes = num_classes
-        self._handles: dict[int, object] = {}
-        self._pid = os.getpid()
+        self._keys: dict[int, int] = {}  # file index -> handle key in the owner's table; owner thread only
+        io_thread.finalizer(self, self._keys)
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -54,44 +76,94 @@ class FileReader:
         file_index = bisect_right(self.starts, index) - 1
         return file_index, index - int(self.starts[file_index])
 
-    def handle(self, file_index: int):
-        if os.getpid() != self._pid:  # forked: drop the parent's handles without closing them
-            self._handles = {}
-            self._pid = os.getpid()
-        if file_index not in self._handles:
-            self._handles[file_index] = self.open(self.paths[file_index])
-        return self._handles[file_index]
+    def where(self, index: int) -> tuple[Path, int]:
+        """The file and the row in it of global sample ``index``, for error messages."""
+        file_index, row = self.locate(index)
+        return self.paths[file_index], row
 
     def open(self, path: Path):
+        """Open ``path`` (runs in the owner thread); a library failure raises a named error."""
         raise NotImplementedError
 
-    def check_labels(self, labels: np.ndarray, file_index: int, row: int) -> None:
+    def check_file(self, path: Path, handle, count: int) -> None:
+        """Validate one open file's metadata against the declared layout (runs in the owner thread)."""
+        raise NotImplementedError
+
+    def validate(self) -> None:
+        """Check every file's metadata; each file is opened and closed again in the owner."""
+        io_thread.call(self._validate_in_owner)
+
+    def _validate_in_owner(self) -> None:
+        for path, count in zip(self.paths, self.counts):
+            key = io_thread.open_handle(self.open, path)
+            try:
+                self._mapped(path, None, self.check_file, path, io_thread.get_handle(key), count)
+            finally:
+                io_thread.close_handles([key])
+
+    def on_file(self, file_index: int, fn, *args, row: int | None = None):
+        """``fn(handle, *args)`` in the owner with this reader's handle of file ``file_index`` (opened on
+        first use); a library failure becomes a named error of that file (and sample ``row``)."""
+        return io_thread.call(self._on_file_in_owner, file_index, fn, args, row)
+
+    def _on_file_in_owner(self, file_index: int, fn, args: tuple, row: int | None):
+        path = self.paths[file_index]
+        handle = io_thread.get_handle(self._keys.get(file_index))
+        if handle is None:  # first use, or a key inherited through fork: open our own
+            self._keys[file_index] = io_thread.open_handle(self.open, path)
+            handle = io_thread.get_handle(self._keys[file_index])
+        return self._mapped(path, row, fn, handle, *args)
+
+    def _mapped(self, path: Path, row: int | None, fn, *args):
+        try:
+            return fn(*args)
+        except DataError:
+            raise
+        except Exception as err:  # the library failed on this file: corrupt metadata or data
+            error = library_error(path, err, self.kind, row)
+        raise error  # outside the except block, so the library's exception is not chained to it
+
+    def read_many(self, indices) -> list:
+        """Samples ``indices``, read in one hand-over to the owner thread, then checked here."""
+        located = [self.locate(int(index)) for index in indices]
+        raws = io_thread.call(self._read_in_owner, located)
+        return [self.finish(self.paths[file_index], row, raw) for (file_index, row), raw in zip(located, raws)]
+
+    def _read_in_owner(self, located: list[tuple[int, int]]) -> list:
+        return [self._on_file_in_owner(file_index, self.read_row, (self.paths[file_index], row), row)
+                for file_index, row in located]
+
+    def read(self, index: int):
+        """Sample ``index`` (one hand-over to the owner thread); see :meth:`read_many`."""
+        return self.read_many([index])[0]
+
+    def read_row(self, handle, path: Path, row: int):
+        """Row ``row`` of an open file, as the library returns it (runs in the owner thread)."""
+        raise NotImplementedError
+
+    def finish(self, path: Path, row: int, raw):
+        """Check a row read from ``path`` (labels in range, inputs finite) and convert it to the sample."""
+        raise NotImplementedError
+
+    def check_labels(self, labels, path: Path, row: int) -> None:
+        labels = np.asarray(labels)
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= self.num_classes:
             bad = low if low < 0 else high
-            raise LabelRangeError(self.paths[file_index], f"sample {row} has label {bad} outside "
-                                                          f"[0, {self.num_classes})")
-
-    def read_checked(self, index: int, read_row) -> tuple[np.ndarray, np.ndarray]:
-        """Call ``read_row(handle, row)``; turn a library failure mid-file into a named error."""
-        file_index, row = self.locate(index)
-        try:
-            with _LIBRARY_LOCK:
-                x, y = read_row(self.handle(file_index), row)
-        except (OSError, RuntimeError) as err:
-            raise _open_error(self.paths[file_index], err, self.kind) from None
-        self.check_labels(np.asarray(y), file_index, row)
-        return x, y
+            raise LabelRangeError(path, f"sample {row} has label {bad} outside [0, {self.num_classes})")
 
     def close(self) -> None:
-        if os.getpid() == self._pid:
-            for handle in self._handles.values():
-                handle.close()
-        self._handles = {}
+        """Close this reader's open files (reading again reopens them)."""
+        if self._keys:
+            io_thread.call(io_thread.close_keys, self._keys)
 
 
 class ClimateNetCDFReader(FileReader):
-    """Climate snapshots: variables ``channels`` and ``labels``, each (time, lat, lon), in netCDF4 files."""
+    """Climate snapshots: variables ``channels`` and ``labels``, each (time, lat, lon), in netCDF4 files.
+
+    Channels are floating point, or integers packed the CF way (with a ``scale_factor``, unpacked on
+    read); labels are integers.
+    """
 
     kind = "netCDF4"
 
@@ -101,35 +173,51 @@ class ClimateNetCDFReader(FileReader):
         self.channels = list(channels)
         self.label_variable = label_variable
         self.shape = (height, width)
-        for path, count in zip(self.paths, self.counts):
-            with self.open(path) as nc:
-                for name in [*self.channels, label_variable]:
-                    if name not in nc.variables:
-                        raise MalformedFileError(path, f"has no variable {name!r} (has {sorted(nc.variables)})")
-                    var = nc.variables[name]
-                    if var.dimensions != ("time", "lat", "lon"):
-                        raise ShapeError(path, f"variable {name!r} has dimensions {var.dimensions}, "
-                                               "expected ('time', 'lat', 'lon')")
-                    if var.shape != (count, height, width):
-                        raise ShapeError(path, f"variable {name!r} has shape {var.shape}, "
-                                               f"expected {(count, height, width)}")
+        self.validate()
+
+    def check_file(self, path: Path, nc, count: int) -> None:
+        height, width = self.shape
+        for name in [*self.channels, self.label_variable]:
+            if name not in nc.variables:
+                raise MalformedFileError(path, f"has no variable {name!r} (has {sorted(nc.variables)})")
+            var = nc.variables[name]
+            if var.dimensions != ("time", "lat", "lon"):
+                raise ShapeError(path, f"variable {name!r} has dimensions {var.dimensions}, "
+                                       "expected ('time', 'lat', 'lon')")
+            if var.shape != (count, height, width):
+                raise ShapeError(path, f"variable {name!r} has shape {var.shape}, "
+                                       f"expected {(count, height, width)}")
+            if name == self.label_variable:
+                check_dtype(path, f"variable {name!r}", var.dtype, INTEGER)
+            elif np.dtype(var.dtype).kind in INTEGER and "scale_factor" not in var.ncattrs():
+                raise ShapeError(path, f"variable {name!r} has dtype {var.dtype} without a scale_factor, expected "
+                                       "a floating-point dtype or integers packed with scale_factor/add_offset")
+            else:
+                check_dtype(path, f"variable {name!r}", var.dtype, FLOAT + INTEGER)
 
     def open(self, path: Path):
         import netCDF4
 
         try:
             nc = netCDF4.Dataset(path, "r")
-        except OSError as err:
-            raise _open_error(path, err, self.kind) from None
-        nc.set_auto_mask(False)  # packed int16 data has no missing values; unpacking stays on
-        return nc
+        except Exception as err:
+            error = library_error(path, err, self.kind)
+        else:
+            nc.set_auto_mask(False)  # packed int16 data has no missing values; unpacking stays on
+            return nc
+        raise error
 
-    def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        def row_of(nc, row):
-            x = np.stack([np.asarray(nc.variables[name][row], dtype=np.float32) for name in self.channels])
-            return x, np.asarray(nc.variables[self.label_variable][row], dtype=np.int64)
+    def read_row(self, nc, path: Path, row: int) -> tuple[np.ndarray, np.ndarray]:
+        x = np.stack([np.asarray(nc.variables[name][row], dtype=np.float32) for name in self.channels])
+        return x, np.asarray(nc.variables[self.label_variable][row], dtype=np.int64)
 
-        return self.read_checked(index, row_of)
+    def finish(self, path: Path, row: int, raw) -> tuple[np.ndarray, np.ndarray]:
+        x, y = raw
+        self.check_labels(y, path, row)
+        if not np.isfinite(x).all():
+            for name, channel in zip(self.channels, x):
+                check_finite(path, row, name, channel)
+        return x, y
 
 
 #: Per-dataset cache of decompressed HDF5 chunks (h5py's rdcc). HDF5's default, 1 MiB, cannot hold
@@ -161,59 +249,65 @@ class OpenHDF5File:
     def __iter__(self):
         return iter(self.file)
 
-    def __enter__(self) -> OpenHDF5File:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def close(self) -> None:
         self._datasets = {}
         self.file.close()
 
 
+def open_hdf5(path: Path) -> OpenHDF5File:
+    """Open ``path`` read-only with the chunk cache above (owner thread); failures are named errors."""
+    import h5py
+
+    try:
+        file = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=CHUNK_CACHE_SLOTS)
+    except Exception as err:
+        error = library_error(path, err, "HDF5")
+    else:
+        return OpenHDF5File(file)
+    raise error
+
+
 class HDF5Reader(FileReader):
     """Rows of named HDF5 datasets with a common first axis; per sample, only ``fields`` are read.
 
-    ``expected`` maps every dataset the files must have to its row shape (all validated on open);
-    ``fields`` (default: all of them) are the ones ``read_fields`` returns, plus ``y_field``.
+    ``expected`` maps every dataset the files must have to its row shape and dtype kind (FLOAT or
+    INTEGER; all validated on open); ``fields`` (default: all of them) are the ones ``read_fields``
+    returns, plus ``y_field``. Floating-point fields are checked for NaN/Inf on every read.
     """
 
     kind = "HDF5"
 
-    def __init__(self, paths, counts, num_classes, expected: dict[str, tuple], y_field: str,
+    def __init__(self, paths, counts, num_classes, expected: dict[str, tuple[tuple, str]], y_field: str,
                  fields: list[str] | None = None) -> None:
         super().__init__(paths, counts, num_classes)
         self.y_field = y_field
+        self.expected = dict(expected)
         wanted = list(expected) if fields is None else list(fields)
         unknown = sorted(set(wanted) - set(expected))
         if unknown:
             raise ValueError(f"fields {unknown} are not among the expected datasets {sorted(expected)}")
         self.fields = wanted if y_field in wanted else [*wanted, y_field]
-        for path, count in zip(self.paths, self.counts):
-            with self.open(path) as h5:
-                for name, row_shape in expected.items():
-                    if name not in h5:
-                        raise MalformedFileError(path, f"has no dataset {name!r} (has {sorted(h5)})")
-                    if h5[name].shape != (count, *row_shape):
-                        raise ShapeError(path, f"dataset {name!r} has shape {h5[name].shape}, "
-                                               f"expected {(count, *row_shape)}")
+        self.validate()
 
-    def open(self, path: Path):
-        import h5py
+    def check_file(self, path: Path, h5, count: int) -> None:
+        for name, (row_shape, kind) in self.expected.items():
+            if name not in h5:
+                raise MalformedFileError(path, f"has no dataset {name!r} (has {sorted(h5)})")
+            if h5[name].shape != (count, *row_shape):
+                raise ShapeError(path, f"dataset {name!r} has shape {h5[name].shape}, "
+                                       f"expected {(count, *row_shape)}")
+            check_dtype(path, f"dataset {name!r}", h5[name].dtype, kind)
 
-        try:
-            file = h5py.File(path, "r", rdcc_nbytes=CHUNK_CACHE_BYTES, rdcc_nslots=CHUNK_CACHE_SLOTS)
-        except OSError as err:
-            raise _open_error(path, err, self.kind) from None
-        return OpenHDF5File(file)
+    open = staticmethod(open_hdf5)
 
-    def read_fields(self, index: int) -> dict[str, np.ndarray]:
-        def row_of(h5, row):
-            values = {name: h5[name][row] for name in self.fields}
-            return values, values[self.y_field]
+    def read_row(self, h5, path: Path, row: int) -> dict[str, np.ndarray]:
+        return {name: h5[name][row] for name in self.fields}
 
-        return self.read_checked(index, row_of)[0]
+    def finish(self, path: Path, row: int, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.check_labels(raw[self.y_field], path, row)
+        for name, value in raw.items():
+            check_finite(path, row, name, value)
+        return raw
 
 
 class DeepCAMReader(FileReader):
@@ -224,32 +318,39 @@ class DeepCAMReader(FileReader):
 
     def __init__(self, paths, counts, num_classes, height: int, width: int, channels: int) -> None:
         super().__init__(paths, counts, num_classes)
-        for path, count in zip(self.paths, self.counts):
-            with self.open(path) as h5:
-                data_key, label_key = self._keys(path, h5)
-                prefix = () if data_key.startswith("climate/") else (count,)
-                if h5[data_key].shape != (*prefix, height, width, channels):
-                    raise ShapeError(path, f"dataset {data_key!r} has shape {h5[data_key].shape}, "
-                                           f"expected {(*prefix, height, width, channels)}")
-                if h5[label_key].shape != (*prefix, height, width):
-                    raise ShapeError(path, f"dataset {label_key!r} has shape {h5[label_key].shape}, "
-                                           f"expected {(*prefix, height, width)}")
+        self.layout = (height, width, channels)
+        self.validate()
+
+    def check_file(self, path: Path, h5, count: int) -> None:
+        height, width, channels = self.layout
+        data_key, label_key = self._keys_of(path, h5)
+        prefix = () if data_key.startswith("climate/") else (count,)
+        if h5[data_key].shape != (*prefix, height, width, channels):
+            raise ShapeError(path, f"dataset {data_key!r} has shape {h5[data_key].shape}, "
+                                   f"expected {(*prefix, height, width, channels)}")
+        if h5[label_key].shape != (*prefix, height, width):
+            raise ShapeError(path, f"dataset {label_key!r} has shape {h5[label_key].shape}, "
+                                   f"expected {(*prefix, height, width)}")
+        check_dtype(path, f"dataset {data_key!r}", h5[data_key].dtype, FLOAT)
+        check_dtype(path, f"dataset {label_key!r}", h5[label_key].dtype, INTEGER)
 
     @staticmethod
-    def _keys(path: Path, h5) -> tuple[str, str]:
+    def _keys_of(path: Path, h5) -> tuple[str, str]:
         for keys in (("climate/data", "climate/labels"), ("data", "labels")):
             if all(key in h5 for key in keys):
                 return keys
         raise MalformedFileError(path, "has neither climate/data + climate/labels nor data + labels")
 
-    open = HDF5Reader.open
+    open = staticmethod(open_hdf5)
 
-    def read(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        def row_of(h5, row):
-            data_key, label_key = self._keys(self.paths[self.locate(index)[0]], h5)
-            if data_key.startswith("climate/"):
-                return h5[data_key][...], h5[label_key][...]
-            return h5[data_key][row], h5[label_key][row]
+    def read_row(self, h5, path: Path, row: int) -> tuple[np.ndarray, np.ndarray]:
+        data_key, label_key = self._keys_of(path, h5)
+        if data_key.startswith("climate/"):
+            return h5[data_key][...], h5[label_key][...]
+        return h5[data_key][row], h5[label_key][row]
 
-        x, y = self.read_checked(index, row_of)
+    def finish(self, path: Path, row: int, raw) -> tuple[np.ndarray, np.ndarray]:
+        x, y = raw
+        self.check_labels(y, path, row)
+        check_finite(path, row, "data", x)
         return np.ascontiguousarray(np.moveaxis(x, -1, 0), dtype=np.float32), np.asarray(y, dtype=np.int64)

@@ -17,8 +17,11 @@ Prefetch. A background thread reads and collates up to ``prefetch`` batches ahea
 training loop. A thread rather than worker processes because the work is I/O plus a
 normalisation (h5py/netCDF and numpy release the GIL for the copies), the batch order stays
 trivially deterministic, nothing is pickled or copied between processes, and the HDF5/netCDF
-handles are never shared across a fork. Readers still open their own handles per process, so
-the datasets also work under a torch DataLoader with worker processes.
+handles are never shared across a fork (all library calls run in the one I/O owner thread, see
+``io_thread``; a forked child starts its own, so the datasets also work under a torch DataLoader
+with worker processes). An iteration that stops early (``break``, an exception, ``close()`` of
+the iterator) stops and joins its thread before it returns, so no reader of an earlier loop is
+still running when the next one starts.
 
 Resume. ``state_dict()`` records the epoch and the number of batches already handed out;
 ``load_state_dict`` makes the next iteration continue from exactly the next batch.
@@ -84,16 +87,20 @@ class ShardedLoader:
         indices = self.shard_indices()
         for b in range(start, len(self)):
             chosen = indices[b * self.batch_size : (b + 1) * self.batch_size]
-            items = [self.dataset[int(i)] for i in chosen]
+            fetch = getattr(self.dataset, "__getitems__", None)  # a whole batch at once, where the data set can
+            items = fetch([int(i) for i in chosen]) if fetch else [self.dataset[int(i)] for i in chosen]
             yield torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
 
     def __iter__(self):
         if self.position >= len(self):
             self.position = 0  # the previous pass over this epoch finished: start it again
         source = self._batches(self.position) if self.prefetch == 0 else self._prefetched(self.position)
-        for batch in source:
-            self.position += 1
-            yield batch
+        try:
+            for batch in source:
+                self.position += 1
+                yield batch
+        finally:
+            source.close()  # an iteration stopped early joins its prefetch thread here, not when collected
         self.position = 0
 
     def _prefetched(self, start: int):

@@ -27,6 +27,7 @@ uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import sys
@@ -293,21 +294,23 @@ class _Run:
             if not (self.resumed_from is not None and epoch == first_epoch):
                 self.loader.set_epoch(epoch)  # a resumed epoch continues from the restored loader position
                 self.epoch_losses = []
-            for x, y in self.loader:
-                if self.step >= (epoch + 1) * self.steps_per_epoch:
-                    break
-                began = time.perf_counter()
-                loss = self._train_step(x, y, stats)
-                step_times.append(time.perf_counter() - began)
-                self.step += 1
-                self.epoch_losses.append(loss)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}", epoch=epoch)
-                if self.step % every_log == 0:
-                    self._log_step(epoch, loss, step_times[-1], stats, peak)
-                if every_ckpt and self.step % every_ckpt == 0 and self.step < self.total_steps:
-                    self._save()
+            # closing(): an epoch cut short by steps_per_epoch joins its prefetch thread before validation
+            with contextlib.closing(iter(self.loader)) as batches:
+                for x, y in batches:
+                    if self.step >= (epoch + 1) * self.steps_per_epoch:
+                        break
+                    began = time.perf_counter()
+                    loss = self._train_step(x, y, stats)
+                    step_times.append(time.perf_counter() - began)
+                    self.step += 1
+                    self.epoch_losses.append(loss)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{loss:.4f}", epoch=epoch)
+                    if self.step % every_log == 0:
+                        self._log_step(epoch, loss, step_times[-1], stats, peak)
+                    if every_ckpt and self.step % every_ckpt == 0 and self.step < self.total_steps:
+                        self._save()
             mean_loss = self.backend.allreduce_mean(
                 {"loss": sum(self.epoch_losses) / max(len(self.epoch_losses), 1)})["loss"]
             record = {"epoch": epoch, "step": self.step, "train_loss": mean_loss, **self._validate()}
@@ -320,6 +323,12 @@ class _Run:
         self.log.write_summary(asdict(result))
         self.log.close()
         return result
+
+    def close_data(self) -> None:
+        """Close this run's data files now, so a later run in this process starts with none of them open."""
+        for data in (self.train_set, self.val_set):
+            if hasattr(data, "close"):  # file-backed data sets; random and synthetic data hold no files
+                data.close()
 
     def _progress_bar(self):
         if not (self.progress and self.config["logging"]["progress"] and self.backend.is_root):
@@ -383,5 +392,6 @@ def run_training(config: dict | str, run_dir: str | Path | None = None, progress
         run.backend.barrier()  # only after success: a failed rank must not leave the others waiting here
         return result
     finally:
+        run.close_data()
         run.log.close()
         run.backend.shutdown()
