@@ -34,7 +34,6 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job_args", nargs="*", metavar="-- ARGS",
                         help="more arguments for `hpcdl train` (or, with --array, `hpcdl study run`), after `--`; "
                              "options of this command go before CONFIG")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
 
 
 def register(subparsers) -> None:
@@ -67,7 +66,6 @@ def register(subparsers) -> None:
     status = commands.add_parser("status", help="your queued and running jobs, or one job wherever it is",
                                  description="Read squeue (and sacct or scontrol for finished jobs).")
     status.add_argument("job_id", nargs="?", help="a job id; default: all of your queued and running jobs")
-    status.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     status.set_defaults(handler=_status)
 
     systems = commands.add_parser("systems", help="list the systems with job templates")

@@ -212,3 +212,25 @@ def set_rng_state(state: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def export_model(source: str | Path, out: str | Path) -> tuple[Path, int]:
+    """Write the model weights of ``source`` (a checkpoint file, or a run directory's newest good checkpoint) to
+    ``out`` as a plain state dict, atomically; returns (the checkpoint read, its step)."""
+    source = Path(source)
+    if source.is_dir():
+        directory = source / "checkpoints" if (source / "checkpoints").is_dir() else source
+        path, state = load_latest_good(directory)
+    else:
+        path, state = source, load_checkpoint(source)
+    if not isinstance(state.get("model"), dict):
+        raise CheckpointError(f"checkpoint {path} holds no model weights")
+    out = Path(out)
+    if out.is_dir():
+        raise IsADirectoryError(f"--out {str(out)!r} is a directory; give a file name such as {out / 'model.pt'}")
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"the directory of --out {str(out)!r} does not exist; create it first")
+    buffer = io.BytesIO()
+    torch.save(state["model"], buffer)
+    _write_atomically(out, buffer.getvalue())
+    return path, int(state["step"])
