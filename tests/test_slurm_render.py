@@ -291,7 +291,8 @@ def test_training_jobs_ask_for_a_warning_signal_and_requeue_with_a_stable_run_di
     quiet = render_job(request("delta", signal_lead=0))
     assert not any(line.startswith(("--signal", "--requeue")) for line in directives(quiet))
     assert "run_args" not in quiet
-    study = render_job(request("perlmutter", array=2, extra_args=("--models", "hep-cnn", "--methods", "baseline")))
+    study = render_job(request("perlmutter", array=2, extra_args=("--models", "hep-cnn", "--methods", "baseline",
+                                                                    "--out", "study")))
     assert not any(line.startswith(("--signal", "--requeue")) for line in directives(study))
     with pytest.raises(ValueError, match="--signal-lead -1 must be whole seconds"):
         render_job(request("delta", signal_lead=-1))
