@@ -326,7 +326,8 @@ def _directives(request: JobRequest) -> list[str]:
     if request.array:
         lines.append(f"--array=0-{request.array - 1}")
     elif request.signal_lead:
-        lines += [f"--signal=B:USR1@{request.signal_lead}", "--requeue"]  # NOTE [ time limits and requeue ]
+        # NOTE [ time limits and requeue ]; append: a requeued job keeps the first attempt's output
+        lines += [f"--signal=B:USR1@{request.signal_lead}", "--requeue", "--open-mode=append"]
     lines += list(request.extra_directives)
     return [f"#SBATCH {line}" for line in lines]
 
