@@ -364,7 +364,7 @@ class _Run:
         rank, size = self.backend.rank, self.backend.size
         indices = list(range(rank, len(self.val_set), size))
         batches = DataLoader(Subset(self.val_set, indices), batch_size=self.per_device)
-        sums = ValidationSums(self.spec.task, self.spec.num_classes)
+        sums = ValidationSums(self.spec.task, self.spec.num_classes, miou=self.config["train"]["miou"])
         cap = self.config["train"]["val_steps"]
         for index, (x, y) in enumerate(batches):
             if cap is not None and index >= cap:
