@@ -1,4 +1,5 @@
-"""Validation metrics: classification accuracy, binary ROC AUC, and segmentation mean IoU.
+"""Validation metrics: classification accuracy, binary ROC AUC, and segmentation mean IoU (global, and
+DeepCAM's per-sample definition).
 
 Each takes torch tensors (any device) or array-likes and returns a Python float; the
 accumulating caller (the trainer) concatenates predictions over a validation set
@@ -107,3 +108,30 @@ def mean_iou(predictions, target, num_classes: int, class_dim: int = 1) -> float
     if not present.any():
         raise ValueError("mean_iou of an empty target is undefined")
     return ious[present].mean().item()
+
+
+def deepcam_iou_per_sample(predictions, target, num_classes: int, class_dim: int = 1) -> torch.Tensor:
+    """Per sample (dim 0), the mean over classes of that sample's IoU, a class absent from both its prediction
+    and its target scoring 1; float64, shape (N,). The MLPerf HPC DeepCAM reference's definition."""
+    target = _tensor(target).long()
+    labels = _labels(predictions, target, class_dim).to(target.device)
+    confusion_matrix(labels, target, num_classes)  # range check with its message
+    if target.dim() < 1 or target.shape[0] == 0:
+        raise ValueError("deepcam_iou needs a batch of at least one sample (dim 0)")
+    labels, target = labels.flatten(1), target.flatten(1)
+    scores = torch.zeros(target.shape[0], dtype=torch.float64, device=target.device)
+    for c in range(num_classes):
+        predicted, actual = labels == c, target == c
+        intersection = (predicted & actual).sum(1).double()
+        union = (predicted | actual).sum(1).double()
+        scores += torch.where(union > 0, intersection / union.clamp(min=1), torch.ones_like(union))
+    return scores / num_classes
+
+
+def deepcam_iou(predictions, target, num_classes: int, class_dim: int = 1) -> float:
+    """DeepCAM's mIoU: :func:`deepcam_iou_per_sample` averaged over samples.
+
+    Unlike :func:`mean_iou` (IoU per class over all pixels of all samples, absent classes skipped), every
+    sample weighs the same, and a class a sample rightly does not predict counts as a perfect score.
+    """
+    return deepcam_iou_per_sample(predictions, target, num_classes, class_dim).mean().item()

@@ -11,6 +11,7 @@ import torch
 from hpcdl.train.checkpoint import (
     CheckpointError,
     check_compatible,
+    checksum_path,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -24,6 +25,7 @@ def test_round_trip_and_keep_last_k(tmp_path):
     for step in (5, 10, 15):
         save_checkpoint(tmp_path, step, {"model": {"w": torch.full((3,), float(step))}}, keep=2)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt-00000010.pt", "ckpt-00000015.pt"]
+    assert sorted(p.name for p in tmp_path.glob("*.sha256")) == ["ckpt-00000010.pt.sha256", "ckpt-00000015.pt.sha256"]
     state = load_checkpoint(latest_checkpoint(tmp_path))
     assert state["step"] == 15 and torch.equal(state["model"]["w"], torch.full((3,), 15.0))
     assert not list(tmp_path.glob("*.tmp"))
@@ -40,7 +42,45 @@ def test_corrupted_and_truncated_files_are_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="corrupted or truncated"):
         load_checkpoint(path)
     path.write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="not an hpcdl checkpoint"):
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
+        load_checkpoint(path)
+    checksum_path(path).write_text("not a checksum\n")
+    with pytest.raises(CheckpointError, match="is not a sha256 line"):
+        load_checkpoint(path)
+    checksum_path(path).unlink()
+    with pytest.raises(CheckpointError, match="has no checksum file ckpt-00000001.pt.sha256"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_is_a_plain_torch_file_with_a_sha256sum_sidecar(tmp_path):
+    import hashlib
+    import shutil
+    import subprocess
+
+    path = save_checkpoint(tmp_path, 7, {"model": {"w": torch.arange(4.0)}}, keep=1)
+    state = torch.load(path, weights_only=True)  # what any PyTorch user does
+    assert state["step"] == 7 and torch.equal(state["model"]["w"], torch.arange(4.0))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert checksum_path(path).read_text() == f"{digest}  ckpt-00000007.pt\n"
+    if shutil.which("sha256sum"):
+        check = subprocess.run(["sha256sum", "-c", checksum_path(path).name], cwd=tmp_path, capture_output=True)
+        assert check.returncode == 0, check.stdout
+
+
+def test_checkpoints_of_the_one_file_format_still_load(tmp_path):
+    import hashlib
+    import io
+
+    from hpcdl.train.checkpoint import LEGACY_MAGIC
+
+    buffer = io.BytesIO()
+    torch.save({"step": 3, "model": {"w": torch.ones(2)}}, buffer)
+    payload = buffer.getvalue()
+    path = tmp_path / "ckpt-00000003.pt"
+    path.write_bytes(LEGACY_MAGIC + hashlib.sha256(payload).digest() + payload)
+    assert load_checkpoint(path)["step"] == 3
+    path.write_bytes(LEGACY_MAGIC + hashlib.sha256(payload).digest() + payload[:-5])
+    with pytest.raises(CheckpointError, match="corrupted or truncated"):
         load_checkpoint(path)
 
 
@@ -87,9 +127,10 @@ def test_leftover_temporary_files_of_a_killed_write_are_removed(tmp_path):
     from hpcdl.train.checkpoint import remove_stale_temporaries
 
     (tmp_path / ".ckpt-00000004.pt.4242.tmp").write_bytes(b"half a checkpoint")
+    (tmp_path / ".ckpt-00000004.pt.sha256.4242.tmp").write_bytes(b"half a checksum")
     (tmp_path / "notes.tmp").write_text("not ours")
     save_checkpoint(tmp_path, 5, {"model": {}}, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000005.pt", "notes.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000005.pt", "ckpt-00000005.pt.sha256", "notes.tmp"]
     (tmp_path / ".ckpt-00000006.pt.77.tmp").write_bytes(b"")
     assert [p.name for p in remove_stale_temporaries(tmp_path)] == [".ckpt-00000006.pt.77.tmp"]
     assert remove_stale_temporaries(tmp_path / "missing") == []

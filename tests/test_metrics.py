@@ -82,3 +82,40 @@ def test_confusion_matrix_rows_are_truth_and_ranges_are_checked():
     assert matrix.tolist() == [[1, 1], [0, 1]]
     with pytest.raises(ValueError, match=r"target class ids must lie in \[0, 2\)"):
         confusion_matrix(torch.tensor([0, 1]), torch.tensor([0, 2]), 2)
+
+
+def test_deepcam_iou_matches_torchmetrics_with_absent_classes_scoring_one():
+    from conftest import require
+
+    try:
+        from torchmetrics.functional.segmentation import mean_iou as torchmetrics_mean_iou
+    except ImportError:
+        torchmetrics_mean_iou = None
+    require(torchmetrics_mean_iou is not None, "torchmetrics (pip install torchmetrics==1.9.0)")
+    from hpcdl.metrics import deepcam_iou, deepcam_iou_per_sample
+
+    generator = torch.Generator().manual_seed(0)
+    target = torch.randint(0, 3, (6, 8, 8), generator=generator)
+    target[0] = 0  # classes 1 and 2 absent from sample 0's target...
+    logits = torch.randn(6, 3, 8, 8, generator=generator)
+    logits[0, 0] += 100  # ...and from its prediction: they score 1
+    per_class = torchmetrics_mean_iou(logits.argmax(1), target, num_classes=3, input_format="index", per_class=True)
+    expected = torch.where(per_class < 0, torch.ones_like(per_class), per_class).double()  # torchmetrics: -1 = absent
+    torch.testing.assert_close(deepcam_iou_per_sample(logits, target, 3), expected.mean(1))
+    assert deepcam_iou(logits, target, 3) == pytest.approx(expected.mean().item())
+    assert deepcam_iou_per_sample(logits, target, 3)[0] == 1.0
+
+
+def test_validation_sums_select_the_deepcam_or_the_global_miou():
+    from hpcdl.metrics import deepcam_iou, mean_iou
+    from hpcdl.train.evaluate import ValidationSums
+
+    target = torch.tensor([[[0, 1], [1, 1]], [[2, 2], [2, 2]]])
+    logits = torch.nn.functional.one_hot(torch.tensor([[[0, 0], [1, 1]], [[2, 2], [2, 2]]]), 3).permute(0, 3, 1, 2)
+    for miou, reference in (("global", mean_iou), ("deepcam", deepcam_iou)):
+        sums = ValidationSums("segmentation", 3, miou=miou)
+        sums.update(logits.float(), target, 0.0)
+        assert sums.metrics()["val_miou"] == pytest.approx(reference(logits, target, 3))
+    assert deepcam_iou(logits, target, 3) == pytest.approx(((0.5 + 2 / 3 + 1) / 3 + 1) / 2)
+    with pytest.raises(ValueError, match="miou must be 'global' or 'deepcam'"):
+        ValidationSums("segmentation", 3, miou="mean")

@@ -28,6 +28,12 @@ def directives(script: str) -> list[str]:
     return re.findall(r"^#SBATCH (\S+)$", script, flags=re.MULTILINE)
 
 
+def launch_line(script: str) -> str:
+    """The line that starts the ranks (in the background, so the batch shell can forward signals)."""
+    (line,) = [line for line in script.splitlines() if line.endswith(" &")]
+    return line[:-2]
+
+
 @pytest.mark.parametrize("system", sorted(SYSTEMS))
 def test_every_system_renders_a_complete_valid_script(system):
     script = render_job(request(system, nodes=2, time="00:30:00", overrides=("train.epochs=1",)))
@@ -35,7 +41,7 @@ def test_every_system_renders_a_complete_valid_script(system):
     assert "{{" not in script and "}}" not in script
     lines = directives(script)
     assert "--nodes=2" in lines and "--time=00:30:00" in lines and "--job-name=hpcdl-hep-jets" in lines
-    command = script.strip().splitlines()[-1]
+    command = launch_line(script)
     assert "-m hpcdl train hep-jets --set train.epochs=1" in command
     if shutil.which("bash"):
         subprocess.run(["bash", "-n"], input=script, text=True, check=True)
@@ -65,7 +71,7 @@ def test_generic_gpu_takes_the_node_shape_and_setup():
 def test_local_runs_this_python_under_its_mpirun():
     script = render_job(request("local", tasks_per_node=3))
     assert "--ntasks-per-node=3" in directives(script)
-    command = shlex.split(script.strip().splitlines()[-1])
+    command = shlex.split(launch_line(script))
     assert command[0] == str(Path(sys.executable).parent / "mpirun")
     assert command[command.index("--oversubscribe") + 1 :][:3] == [sys.executable, "-m", "hpcdl"]
 
@@ -75,7 +81,7 @@ def test_array_runs_study_shards():
                                                                    "--out", "study")))
     assert "--array=0-3" in directives(script)
     assert "--output=%x-%A_%a.out" in directives(script)
-    assert script.rstrip().endswith(
+    assert launch_line(script).endswith(
         'python -m hpcdl study run --config hep-jets --models hep-cnn --methods baseline --out study '
         '--shard "$SLURM_ARRAY_TASK_ID/4"'
     )
@@ -143,7 +149,8 @@ def test_cli_render_prints_the_script_and_reports_errors(capsys):
     assert main(["slurm", "render", "--system", "perlmutter", "--nodes", "8", "--time", "02:00:00",
                  "--account", "m1234", "hep-jets", "--", "--run-dir", "runs/x"]) == 0
     out = capsys.readouterr().out
-    assert "#SBATCH --nodes=8" in out and out.rstrip().endswith("python -m hpcdl train hep-jets --run-dir runs/x")
+    assert "#SBATCH --nodes=8" in out and launch_line(out).endswith('python -m hpcdl train hep-jets "${run_args[@]}"')
+    assert "\nrun_dir=runs/x\n" in out
     assert main(["slurm", "render", "--system", "perlmutter", "hep-jets"]) == 2
     assert "hpcdl slurm: error: system 'perlmutter' needs --account" in capsys.readouterr().err
     assert main(["slurm", "systems"]) == 0
@@ -166,7 +173,7 @@ PAYLOADS = ["$(touch pwned)", "`touch pwned`", "${HOME}", "a;touch pwned", "a|b"
 
 
 def _command_line(script: str) -> str:
-    return script.rstrip("\n").splitlines()[-1]
+    return launch_line(script)
 
 
 BENIGN = "zq7benign"  # a harmless value, to render the script each fuzzed one is compared with
@@ -211,8 +218,10 @@ def _only_quoted(field: str, value, script: str, baseline: str, benign) -> None:
                    for i in changed)
         assert any(lines[i].endswith(f"={value}") for i in changed) or value == benign
     else:
-        assert changed == [len(lines) - 1], f"{field}={value!r} changed a line other than the command"
-        words, base_words = shlex.split(lines[-1]), shlex.split(base[-1])
+        command_lines = [i for i, line in enumerate(base) if line.endswith(" &") or line.startswith("run_dir=")]
+        assert len(changed) == 1 and changed[0] in command_lines, \
+            f"{field}={value!r} changed a line other than the command or its run directory"
+        words, base_words = shlex.split(lines[changed[0]]), shlex.split(base[changed[0]])
         expected = [word.replace(str(benign), str(value)) if str(benign) in word and word != "hep-jets" else word
                     for word in base_words]
         assert words == expected, f"{field}={value!r}: the command's words changed: {words} != {expected}"
@@ -261,7 +270,7 @@ def test_default_job_name_from_a_hostile_config_file_name(tmp_path):
     path = path.rename(tmp_path / "a b;$(id)|c.yaml")
     script = render_job(JobRequest(system="local", config=str(path)))
     assert "--job-name=hpcdl-a-b-id-c" in directives(script)
-    assert shlex.split(_command_line(script))[-1] == str(path)
+    assert shlex.split(_command_line(script))[-2] == str(path)
 
 
 def test_status_parsing_survives_separators_in_job_names():
@@ -277,3 +286,43 @@ def test_status_parsing_survives_separators_in_job_names():
     assert (job.job_id, job.name, job.state, job.finished) == ("19", "x JobState=COMPLETED y", "RUNNING", False)
     with pytest.raises(ValueError, match="fewer than 7"):
         _from_squeue("17|name|RUNNING")
+
+
+def test_training_jobs_ask_for_a_warning_signal_and_requeue_with_a_stable_run_dir():
+    script = render_job(request("perlmutter", time="00:30:00"))
+    assert {"--signal=B:USR1@120", "--requeue"} <= set(directives(script))
+    assert "\nrun_dir=runs/hep-jets-slurm-\"$SLURM_JOB_ID\"\n" in script
+    assert 'run_args=(--resume "$run_dir")' in script and 'scontrol requeue "$SLURM_JOB_ID"' in script
+    assert launch_line(script).endswith('"${run_args[@]}"')
+    assert "--signal=B:USR1@600" in directives(render_job(request("delta", signal_lead=600)))
+    quiet = render_job(request("delta", signal_lead=0))
+    assert not any(line.startswith(("--signal", "--requeue")) for line in directives(quiet))
+    assert "run_args" not in quiet
+    study = render_job(request("perlmutter", array=2, extra_args=("--models", "hep-cnn", "--methods", "baseline",
+                                                                    "--out", "study")))
+    assert not any(line.startswith(("--signal", "--requeue")) for line in directives(study))
+    with pytest.raises(ValueError, match="--signal-lead -1 must be whole seconds"):
+        render_job(request("delta", signal_lead=-1))
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(gpus_per_node=2, cpus_per_task=8, tasks_per_node=3), "--tasks-per-node 3 must equal --gpus-per-node 2"),
+    (dict(gpus_per_node=8), "more than the 4 GPUs of a perlmutter node"),
+    (dict(gpus_per_node=4, cpus_per_task=64), "more than the 128 CPUs of a perlmutter node; use at most 32"),
+    (dict(qos="shared", nodes=2, gpus_per_node=1), "QOS 'shared' on perlmutter shares one node"),
+])
+def test_perlmutter_refuses_what_it_cannot_honour(fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        render_job(request("perlmutter", **fields))
+
+
+def test_node_shape_options_are_honoured_not_dropped():
+    lines = directives(render_job(request("perlmutter", gpus_per_node=2, cpus_per_task=8)))
+    assert {"--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=8"} <= set(lines)
+    shared = render_job(request("perlmutter", qos="shared", gpus_per_node=1))
+    assert {"--qos=shared", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=32"} <= set(directives(shared))
+    assert "export OMP_NUM_THREADS=16" in shared  # 32 hardware threads are 16 cores
+    delta = render_job(request("delta", gpus_per_node=1, cpus_per_task=16))
+    assert {"--ntasks-per-node=1", "--gpus-per-node=1"} <= set(directives(delta))
+    with pytest.raises(ValueError, match="system 'local' runs CPU ranks and has no GPUs"):
+        render_job(request("local", gpus_per_node=1))

@@ -11,11 +11,14 @@ import argparse
 import contextlib
 import importlib
 import io
+import logging
 import sys
 
+from hpcdl import __version__
 from hpcdl.errors import HpcdlError
 
-COMMAND_MODULES = ("demo", "bench", "memory", "data", "models", "train", "slurm", "study")
+COMMAND_MODULES = ("demo", "bench", "memory", "data", "models", "train", "export", "slurm", "study")
+DEBUG_HELP = "show tracebacks instead of one-line errors, and debug log messages"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,11 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hpcdl",
         description="Data-parallel training with error-bounded lossy compression of activations.",
     )
+    parser.add_argument("--version", action="version", version=f"hpcdl {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         # A command module that fails to import is a broken installation: the error propagates instead of the
         # command silently disappearing from `hpcdl --help`.
         importlib.import_module(f"hpcdl.cli.{name}").register(subparsers)
+    _add_debug(subparsers)
     return parser
 
 
@@ -40,6 +46,29 @@ def check_command(argv: list[str]) -> None:
     except SystemExit:
         last = messages.getvalue().strip().splitlines()
         raise ValueError(last[-1] if last else "it does not parse") from None
+
+
+def _add_debug(subparsers: argparse._SubParsersAction) -> None:
+    """Every command, at any depth, takes ``--debug`` (before or after its arguments), defined once here.
+
+    Its default is SUPPRESS so that ``hpcdl --debug train ...`` is not reset by the subcommand's parser.
+    """
+    for command in set(subparsers.choices.values()):
+        nested = [action for action in command._actions if isinstance(action, argparse._SubParsersAction)]
+        for action in nested:
+            _add_debug(action)
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+
+
+def configure_logging(debug: bool) -> None:
+    """Send the ``hpcdl`` loggers' messages to stderr: INFO and up, or DEBUG and up with ``--debug``."""
+    logger = logging.getLogger("hpcdl")
+    if not any(getattr(handler, "_hpcdl_cli", False) for handler in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s hpcdl %(levelname)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+        handler._hpcdl_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.INFO)
 
 
 # NOTE [ exit codes ]
@@ -72,6 +101,7 @@ def error_line(command: str, err: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(args.debug)
     try:
         return int(args.handler(args) or 0)
     except (HpcdlError, *USAGE_ERRORS, *RUN_ERRORS) as err:

@@ -16,7 +16,6 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--ranks", default="1,2", help="comma-separated rank counts (default 1,2)")
     parser.add_argument("--budget", action="append", default=[], metavar="WORKLOAD=SIZE",
                         help="memory budget per workload, e.g. climate-deeplab=64MiB (repeatable)")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     parser.set_defaults(handler=_run)
 
 

@@ -18,7 +18,6 @@ def register(subparsers) -> None:
     demo.add_argument("--budget", default=None,
                       help="memory budget for the batch search, e.g. 256MiB (default: each config's "
                            "train.memory_budget)")
-    demo.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     demo.set_defaults(handler=_demo)
 
 

@@ -21,7 +21,6 @@ def register(subparsers) -> None:
     models.add_argument("--device", default="fake",
                         help="where to run the measuring steps: fake (default), cpu, or cuda")
     models.add_argument("--json", action="store_true", help="print one JSON object per model and scale")
-    models.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     models.set_defaults(handler=_models)
 
 

@@ -25,16 +25,21 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--setup", action="append", default=[], metavar="LINE",
                         help="shell line run before the ranks start, e.g. 'source ~/venvs/hpcdl/bin/activate' "
                              "(repeatable)")
-    parser.add_argument("--tasks-per-node", type=int, help="ranks per node (local system; default 2)")
-    parser.add_argument("--cpus-per-task", type=int, help="CPUs per rank (generic-gpu default 8, local 1)")
-    parser.add_argument("--gpus-per-node", type=int, help="GPUs (= ranks) per node (generic-gpu; default 4)")
+    parser.add_argument("--tasks-per-node", type=int,
+                        help="ranks per node (local system, default 2; on GPU systems it must equal --gpus-per-node)")
+    parser.add_argument("--cpus-per-task", type=int,
+                        help="CPUs per rank (perlmutter default 32, delta 16, generic-gpu 8, local 1)")
+    parser.add_argument("--gpus-per-node", type=int,
+                        help="GPUs (= ranks) per node (default 4; e.g. 1 with --qos shared on perlmutter)")
+    parser.add_argument("--signal-lead", type=int, default=120, metavar="SECONDS",
+                        help="a training job gets SIGUSR1 this long before its time limit, checkpoints, requeues "
+                             "itself and resumes (default 120; 0 = no signal, no requeue)")
     parser.add_argument("--sbatch-option", dest="extra_directives", action="append", default=[], metavar="OPTION",
                         help="another #SBATCH line, e.g. --sbatch-option=--mail-type=END (repeatable)")
     parser.add_argument("config", help="shipped training config name (e.g. climate-deeplab) or a YAML path")
     parser.add_argument("job_args", nargs="*", metavar="-- ARGS",
                         help="more arguments for `hpcdl train` (or, with --array, `hpcdl study run`), after `--`; "
                              "options of this command go before CONFIG")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
 
 
 def register(subparsers) -> None:
@@ -67,7 +72,6 @@ def register(subparsers) -> None:
     status = commands.add_parser("status", help="your queued and running jobs, or one job wherever it is",
                                  description="Read squeue (and sacct or scontrol for finished jobs).")
     status.add_argument("job_id", nargs="?", help="a job id; default: all of your queued and running jobs")
-    status.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     status.set_defaults(handler=_status)
 
     systems = commands.add_parser("systems", help="list the systems with job templates")
@@ -82,7 +86,7 @@ def _request(args: argparse.Namespace):
         qos=args.qos, partition=args.partition, job_name=args.job_name, output=args.output, chdir=args.chdir,
         overrides=tuple(args.overrides), extra_args=tuple(args.job_args), array=args.array, setup=tuple(args.setup),
         tasks_per_node=args.tasks_per_node, cpus_per_task=args.cpus_per_task, gpus_per_node=args.gpus_per_node,
-        extra_directives=tuple(args.extra_directives),
+        extra_directives=tuple(args.extra_directives), signal_lead=args.signal_lead,
     )
 
 

@@ -63,12 +63,10 @@ def register(subparsers) -> None:
                           "busy machine")
     run.add_argument("--retry-failed", action="store_true", help="run again the runs recorded as failed")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    run.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     run.set_defaults(handler=_run)
 
     report = commands.add_parser("report", help="write DIR/report.md and its PNG plots from DIR/results.jsonl")
     report.add_argument("dir", help="study directory (holding results.jsonl)")
-    report.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     report.set_defaults(handler=_report)
 
 

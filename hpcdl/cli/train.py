@@ -1,8 +1,13 @@
-"""``hpcdl train CONFIG [--set KEY=VALUE ...] [--resume [RUN]]`` and ``hpcdl configs``."""
+"""``hpcdl train CONFIG [--set KEY=VALUE ...] [--resume [RUN]]`` and ``hpcdl configs``.
+
+``hpcdl train`` exits 0 when the run finished and 75 (:data:`hpcdl.train.signals.EXIT_CHECKPOINTED`) when
+SIGUSR1 or SIGTERM stopped it after writing a checkpoint that ``--resume`` continues from.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 
 
 def register(subparsers) -> None:
@@ -18,7 +23,6 @@ def register(subparsers) -> None:
                        help="continue from the latest checkpoint: of RUN (a run directory or checkpoint file), "
                             "or of the newest run of this config under logging.out_dir")
     train.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    train.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     train.set_defaults(handler=_train)
 
     configs = subparsers.add_parser("configs", help="list the shipped training configs",
@@ -39,13 +43,18 @@ def _configs(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from hpcdl.train import load_config, run_training
     from hpcdl.train.config import dump_config
+    from hpcdl.train.signals import EXIT_CHECKPOINTED, TrainingInterrupted
     from hpcdl.train.summary import format_summary
 
     config = load_config(args.config, overrides=args.overrides)
     if args.print_config:
         print(dump_config(config), end="")
         return 0
-    result = run_training(config, run_dir=args.run_dir, resume=args.resume)
+    try:
+        result = run_training(config, run_dir=args.run_dir, resume=args.resume)
+    except TrainingInterrupted as stopped:
+        logging.getLogger("hpcdl").warning("%s", stopped)
+        return EXIT_CHECKPOINTED
     if result.rank == 0:
         print(format_summary(result))
     return 0

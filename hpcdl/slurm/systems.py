@@ -24,6 +24,10 @@ class SlurmSystem:
     required: tuple[str, ...] = ()  # JobRequest fields that must be given, e.g. ("account",)
     defaults: dict = field(default_factory=dict)  # JobRequest field -> value when not given
     gpu: bool = True
+    gpus_per_node_max: int | None = None  # None: any (generic clusters)
+    cpus_per_node: int | None = None  # logical CPUs a node offers to --cpus-per-task x tasks; None: any
+    threads_per_core: int = 1  # OMP_NUM_THREADS = cpus_per_task / threads_per_core (one thread per core)
+    single_node_qos: tuple[str, ...] = ()  # QOS values whose jobs share one node (e.g. Perlmutter's shared)
 
     def template_text(self) -> str:
         return (resources.files("hpcdl.slurm") / "templates" / self.template).read_text()
@@ -34,17 +38,24 @@ SYSTEMS: dict[str, SlurmSystem] = {
     for system in (
         SlurmSystem(
             "perlmutter",
-            "NERSC Perlmutter GPU nodes (4x A100 per node, -C gpu, QOS regular)",
+            "NERSC Perlmutter GPU nodes (4x A100 per node, -C gpu, QOS regular; --qos shared --gpus-per-node 1 "
+            "for part of a node)",
             "perlmutter.sbatch",
             required=("account",),
-            defaults={"qos": "regular"},
+            defaults={"qos": "regular", "gpus_per_node": 4, "cpus_per_task": 32},
+            gpus_per_node_max=4,
+            cpus_per_node=128,  # 64 cores x 2 hardware threads
+            threads_per_core=2,
+            single_node_qos=("shared",),
         ),
         SlurmSystem(
             "delta",
             "NCSA Delta A100 nodes (partition gpuA100x4, 4x A100 per node)",
             "delta.sbatch",
             required=("account",),
-            defaults={"partition": "gpuA100x4"},
+            defaults={"partition": "gpuA100x4", "gpus_per_node": 4, "cpus_per_task": 16},
+            gpus_per_node_max=4,
+            cpus_per_node=64,
         ),
         SlurmSystem(
             "generic-gpu",

@@ -1,13 +1,19 @@
 """Training checkpoints: atomic, checksummed, the last K kept, and checked before anything is restored.
 
-A checkpoint file is ``MAGIC | sha256 of the payload | payload`` where the
-payload is a ``torch.save`` of a dict of plain tensors, numbers and strings
-(loaded with ``weights_only=True``, so loading runs no pickled code). It is
-written to a temporary file in the same directory, flushed to disk and renamed
-into place, so a job killed mid-write leaves the previous checkpoint intact (its
-temporary file is removed by the next start or save); older checkpoints are
-pruned only after the new one is in place. Resuming from a run directory takes
-the newest checkpoint that loads: a corrupted newer one is skipped with a warning.
+A checkpoint is two files: ``ckpt-00000010.pt``, a plain ``torch.save`` of a
+dict of tensors, numbers and strings that ``torch.load(path, weights_only=True)``
+opens (so loading runs no pickled code, and any PyTorch user can open it), and
+``ckpt-00000010.pt.sha256`` beside it, in ``sha256sum`` format (``sha256sum -c``
+checks it). Both are written to temporary files in the same directory, flushed
+to disk and renamed into place, the checksum first, so a job killed mid-write
+leaves the previous checkpoint intact (its temporary files are removed by the
+next start or save) and a checkpoint file never lacks its checksum; older
+checkpoints are pruned only after the new one is in place. A checkpoint whose
+checksum is missing or wrong is refused. Resuming from a run directory takes the
+newest checkpoint that loads: a corrupted newer one is skipped with a warning.
+
+Checkpoints of hpcdl 0.1 (one file, ``LEGACY_MAGIC | sha256 | payload``) still load: the
+embedded checksum is checked instead of the sidecar.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ import torch
 
 from hpcdl.errors import HpcdlError
 
-MAGIC = b"HPCDLCKPT1\n"
+LEGACY_MAGIC = b"HPCDLCKPT1\n"  # the one-file format of hpcdl 0.1, still read
+CHECKSUM_SUFFIX = ".sha256"
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
-_TEMPORARY = re.compile(r"^\.ckpt-\d{8}\.pt\.\d+\.tmp$")  # what a write killed before its rename leaves
+_TEMPORARY = re.compile(r"^\.ckpt-\d{8}\.pt(\.sha256)?\.\d+\.tmp$")  # what a write killed before its rename leaves
 
 
 class CheckpointError(HpcdlError, ValueError):
@@ -40,6 +47,12 @@ class CheckpointWarning(UserWarning):
 
 def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:08d}.pt"
+
+
+def checksum_path(path: str | Path) -> Path:
+    """The sidecar holding ``path``'s sha256: ``<path>.sha256``."""
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:
@@ -78,8 +91,18 @@ def remove_stale_temporaries(directory: str | Path) -> list[Path]:
     return stale
 
 
+def _write_atomically(final: Path, data: bytes) -> None:
+    """``data`` into a temporary file beside ``final``, flushed to disk, renamed over ``final``."""
+    temporary = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, final)
+
+
 def save_checkpoint(directory: str | Path, step: int, state: dict, keep: int) -> Path:
-    """Write ``state`` as the checkpoint of ``step`` atomically, then keep only the newest ``keep``."""
+    """Write ``state`` as the checkpoint of ``step`` (file and checksum) atomically, then keep the newest ``keep``."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1 checkpoints, got {keep}")
     directory = Path(directory)
@@ -89,16 +112,26 @@ def save_checkpoint(directory: str | Path, step: int, state: dict, keep: int) ->
     torch.save({"step": step, **state}, buffer)
     payload = buffer.getvalue()
     final = directory / checkpoint_name(step)
-    temporary = directory / f".{final.name}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as handle:
-        handle.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, final)
+    _write_atomically(checksum_path(final), f"{hashlib.sha256(payload).hexdigest()}  {final.name}\n".encode())
+    _write_atomically(final, payload)
     _fsync_dir(directory)
     for old in list_checkpoints(directory)[:-keep]:
         old.unlink()
+        checksum_path(old).unlink(missing_ok=True)
     return final
+
+
+def _recorded_digest(path: Path, advice: str) -> bytes:
+    """The sha256 that ``path``'s sidecar records."""
+    sidecar = checksum_path(path)
+    if not sidecar.is_file():
+        raise CheckpointError(f"checkpoint {path} has no checksum file {sidecar.name} (an interrupted write, or "
+                              f"not written by hpcdl){advice}")
+    fields = sidecar.read_text(errors="replace").split()
+    try:
+        return bytes.fromhex(fields[0]) if len(fields) == 2 and len(fields[0]) == 64 else b""
+    except ValueError:
+        return b""
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -109,9 +142,13 @@ def load_checkpoint(path: str | Path) -> dict:
     blob = path.read_bytes()
     advice = ("; it was not restored. Resume from an earlier checkpoint by passing its path to --resume, "
               "or start a fresh run")
-    if not blob.startswith(MAGIC):
-        raise CheckpointError(f"{path} is not an hpcdl checkpoint (bad magic bytes){advice}")
-    digest, payload = blob[len(MAGIC):len(MAGIC) + 32], blob[len(MAGIC) + 32:]
+    if blob.startswith(LEGACY_MAGIC):
+        digest, payload = blob[len(LEGACY_MAGIC):len(LEGACY_MAGIC) + 32], blob[len(LEGACY_MAGIC) + 32:]
+    else:
+        digest, payload = _recorded_digest(path, advice), blob
+        if not digest:
+            raise CheckpointError(f"checksum file {checksum_path(path).name} of {path} is not a sha256 line "
+                                  f"('<64 hex digits>  {path.name}'){advice}")
     if len(digest) < 32 or hashlib.sha256(payload).digest() != digest:
         raise CheckpointError(f"checkpoint {path} is corrupted or truncated (sha256 mismatch){advice}")
     try:
@@ -177,3 +214,25 @@ def set_rng_state(state: dict) -> None:
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def export_model(source: str | Path, out: str | Path) -> tuple[Path, int]:
+    """Write the model weights of ``source`` (a checkpoint file, or a run directory's newest good checkpoint) to
+    ``out`` as a plain state dict, atomically; returns (the checkpoint read, its step)."""
+    source = Path(source)
+    if source.is_dir():
+        directory = source / "checkpoints" if (source / "checkpoints").is_dir() else source
+        path, state = load_latest_good(directory)
+    else:
+        path, state = source, load_checkpoint(source)
+    if not isinstance(state.get("model"), dict):
+        raise CheckpointError(f"checkpoint {path} holds no model weights")
+    out = Path(out)
+    if out.is_dir():
+        raise IsADirectoryError(f"--out {str(out)!r} is a directory; give a file name such as {out / 'model.pt'}")
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"the directory of --out {str(out)!r} does not exist; create it first")
+    buffer = io.BytesIO()
+    torch.save(state["model"], buffer)
+    _write_atomically(out, buffer.getvalue())
+    return path, int(state["step"])

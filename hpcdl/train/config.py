@@ -105,6 +105,9 @@ SCHEMA: dict[str, Any] = {
         "val_steps": Field("int", None, minimum=1, nullable=True, help="cap on validation batches per epoch"),
         "seed": Field("int", 0, minimum=0, maximum=2**32 - 1),
         "memory_budget": Field("bytes", None, nullable=True, help="bytes or e.g. '4GiB'; for batch: auto"),
+        "miou": Field("str", "global", choices=("global", "deepcam"),
+                      help="segmentation mIoU: global = per-class IoU over all pixels of the validation set; "
+                           "deepcam = the MLPerf DeepCAM metric (per-sample mean over classes, absent class = 1)"),
     },
     "optimizer": {
         "name": Field("str", "adamw", choices=("sgd", "adamw", "lamb", "lars")),
@@ -143,6 +146,9 @@ SCHEMA: dict[str, Any] = {
         "every_steps": Field("int", 1, minimum=1, help="write a metrics.jsonl line every N steps"),
         "progress": Field("bool", True),
         "tensorboard": Field("bool", False),
+        "mlflow": Field("bool", False, help="also log to MLflow (needs the mlflow package)"),
+        "mlflow_uri": Field("str", None, nullable=True,
+                            help="MLflow tracking URI; default a file store in <run dir>/mlruns (offline)"),
     },
 }
 

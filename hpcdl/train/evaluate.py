@@ -11,9 +11,11 @@ same metric, on 1 or N ranks. The metric by task:
   histograms of the signal-class probability per true class (ties within a bin
   count one half, so the error is below one bin's mass);
 - other classification: accuracy;
-- segmentation (climate): mean intersection-over-union over classes present
-  in the prediction or the target (as :func:`hpcdl.metrics.mean_iou`, but
-  from intersections and unions summed over ranks);
+- segmentation (climate): ``train.miou: global`` (default), mean
+  intersection-over-union over classes present in the prediction or the
+  target (as :func:`hpcdl.metrics.mean_iou`, but from intersections and unions
+  summed over ranks); ``train.miou: deepcam``, the MLPerf DeepCAM metric (as
+  :func:`hpcdl.metrics.deepcam_iou`, from the per-sample scores' sum);
 - language: next-token accuracy.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from hpcdl.metrics import confusion_matrix
+from hpcdl.metrics import confusion_matrix, deepcam_iou_per_sample
 
 AUC_BINS = 4096
 
@@ -37,10 +39,13 @@ def metric_name(task: str, num_classes: int) -> str:
 class ValidationSums:
     """Sums over validation batches from which :meth:`metrics` computes loss and the task's metric."""
 
-    def __init__(self, task: str, num_classes: int):
-        self.task, self.num_classes = task, num_classes
+    def __init__(self, task: str, num_classes: int, miou: str = "global"):
+        if miou not in ("global", "deepcam"):
+            raise ValueError(f"miou must be 'global' or 'deepcam', got {miou!r}")
+        self.task, self.num_classes, self.miou = task, num_classes, miou
         self.name = metric_name(task, num_classes)
-        self.sums: dict[str, float] = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0}
+        self.sums: dict[str, float] = {"loss_sum": 0.0, "count": 0.0, "correct": 0.0,
+                                       "sample_iou_sum": 0.0, "samples": 0.0}
         if self.name == "miou":
             for c in range(num_classes):
                 self.sums[f"intersection_{c}"] = self.sums[f"union_{c}"] = 0.0
@@ -66,6 +71,8 @@ class ValidationSums:
             for c in range(self.num_classes):
                 self.sums[f"intersection_{c}"] += float(intersection[c])
                 self.sums[f"union_{c}"] += float(union[c])
+            self.sums["sample_iou_sum"] += float(deepcam_iou_per_sample(predicted, target, self.num_classes).sum())
+            self.sums["samples"] += target.shape[0]
         if self.name == "auc":
             score = torch.softmax(logits.float(), dim=1)[:, 1]
             bins = (score * AUC_BINS).long().clamp_(0, AUC_BINS - 1)
@@ -80,7 +87,9 @@ class ValidationSums:
         count = sums["count"]
         if count == 0:
             raise ValueError("the validation set is empty; raise data.val_fraction or use a larger data set")
-        if self.name == "miou":
+        if self.name == "miou" and self.miou == "deepcam":
+            value = sums["sample_iou_sum"] / sums["samples"]
+        elif self.name == "miou":
             ious = [sums[f"intersection_{c}"] / sums[f"union_{c}"]
                     for c in range(self.num_classes) if sums[f"union_{c}"] > 0]
             value = sum(ious) / len(ious)

@@ -2,8 +2,11 @@
 
 ``<out_dir>/<name>-<YYYYmmdd-HHMMSS>/`` holds ``config.resolved.yaml``,
 ``metrics.jsonl`` (one JSON object per line: ``"kind": "train"`` lines every
-``logging.every_steps`` steps, ``"kind": "val"`` lines once per epoch),
-``summary.json``, ``checkpoints/`` and, when asked for, ``tensorboard/``.
+``logging.every_steps`` steps, ``"kind": "val"`` lines once per epoch; every
+line has ``"time"``, unix wall-clock seconds), ``summary.json``,
+``checkpoints/`` and, when asked for, ``tensorboard/`` (scalars, the config as
+text, hparams with the final metrics) and ``mlruns/`` (an offline MLflow file
+store, unless ``logging.mlflow_uri`` names another tracking server).
 Non-root ranks get a :class:`RunLog` that writes nothing.
 """
 
@@ -58,23 +61,45 @@ def latest_run_dir(out_dir: str | Path, name: str) -> Path:
 class RunLog:
     """Writes the run directory's files on rank 0; a silent no-op on other ranks."""
 
-    def __init__(self, run_dir: Path, writes: bool, tensorboard: bool):
+    def __init__(self, run_dir: Path, writes: bool, tensorboard: bool, mlflow: bool = False,
+                 mlflow_uri: str | None = None):
         self.run_dir, self.writes = run_dir, writes
         self._metrics = None
         self._tensorboard = None
-        if tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ValueError("logging.tensorboard is true but the tensorboard package is not installed; "
-                             "`pip install tensorboard`, or set logging.tensorboard=false")
+        self._mlflow = None
+        for wanted, package in ((tensorboard, "tensorboard"), (mlflow, "mlflow")):
+            if wanted and importlib.util.find_spec(package) is None:
+                raise ValueError(f"logging.{package} is true but the {package} package is not installed; "
+                                 f"`pip install {package}`, or set logging.{package}=false")
         if writes:
             make_dir(run_dir, "run directory")
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+            if mlflow:
+                self._mlflow = _MlflowRun(run_dir, mlflow_uri)
 
     def write_config(self, config: dict) -> None:
-        if self.writes:
-            (self.run_dir / "config.resolved.yaml").write_text(dump_config(config))
+        if not self.writes:
+            return
+        text = dump_config(config)
+        (self.run_dir / "config.resolved.yaml").write_text(text)
+        if self._tensorboard is not None:
+            # Markdown: indented four spaces, the YAML shows as a code block in TensorBoard's text tab.
+            self._tensorboard.add_text("config", "".join("    " + line for line in text.splitlines(True)))
+        if self._mlflow is not None:
+            self._mlflow.log_config(config, text)
+
+    def write_hparams(self, config: dict, final_metrics: dict) -> None:
+        """The flattened config against the final metrics (TensorBoard's hparams tab), at the end of a run."""
+        if not self.writes or self._tensorboard is None:
+            return
+        hparams = {key: value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
+                   for key, value in flat_config(config).items()}
+        metrics = {key: value for key, value in final_metrics.items()
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        self._tensorboard.add_hparams(hparams, metrics, run_name=".")
 
     def open_metrics(self, keep_through_step: int | None) -> None:
         """Open metrics.jsonl for appending; when resuming, first drop lines past the restored step."""
@@ -93,14 +118,19 @@ class RunLog:
         self._metrics = open(path, "a", buffering=1)
 
     def log(self, record: dict) -> None:
+        """Append ``record`` (with ``"time"``, unix seconds, added) to metrics.jsonl and the loggers."""
         if not self.writes:
             return
+        record = {**record, "time": time.time()}
         self._metrics.write(json.dumps(record) + "\n")
+        scalars = {f"{record['kind']}/{key}": value for key, value in record.items()
+                   if key not in ("kind", "step", "epoch", "time") and isinstance(value, (int, float))
+                   and not isinstance(value, bool)}
         if self._tensorboard is not None:
-            prefix = record["kind"]
-            for key, value in record.items():
-                if key not in ("kind", "step", "epoch") and isinstance(value, (int, float)):
-                    self._tensorboard.add_scalar(f"{prefix}/{key}", value, record["step"])
+            for key, value in scalars.items():
+                self._tensorboard.add_scalar(key, value, record["step"], walltime=record["time"])
+        if self._mlflow is not None:
+            self._mlflow.log_metrics(scalars, record["step"], record["time"])
 
     def write_summary(self, summary: dict) -> None:
         if not self.writes:
@@ -117,3 +147,45 @@ class RunLog:
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
+        if self._mlflow is not None:
+            self._mlflow.close()
+            self._mlflow = None
+
+
+def flat_config(config: dict, prefix: str = "") -> dict:
+    """``{"train.batch": 8, ...}``: nested dict keys joined by dots (lists and other values as they are)."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class _MlflowRun:
+    """One MLflow run for one training run: params from the config, metrics per logged step.
+
+    Uses an ``MlflowClient`` rather than mlflow's global active run, so nothing leaks between runs in one process.
+    """
+
+    def __init__(self, run_dir: Path, uri: str | None):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=uri or (Path(run_dir).resolve() / "mlruns").as_uri())
+        name = "hpcdl"
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        self.run_id = self.client.create_run(experiment_id, run_name=Path(run_dir).name).info.run_id
+
+    def log_config(self, config: dict, text: str) -> None:
+        for key, value in flat_config(config).items():
+            self.client.log_param(self.run_id, key, json.dumps(value) if not isinstance(value, str) else value)
+        self.client.log_text(self.run_id, text, "config.resolved.yaml")
+
+    def log_metrics(self, scalars: dict, step: int, timestamp: float) -> None:
+        for key, value in scalars.items():
+            self.client.log_metric(self.run_id, key, value, timestamp=int(timestamp * 1000), step=step)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)

@@ -28,9 +28,9 @@ uninterrupted run would have drawn.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,7 +46,11 @@ from hpcdl.train.config import check_run_name, load_config
 from hpcdl.train.evaluate import ValidationSums
 from hpcdl.train.inputs import datasets, model_options
 from hpcdl.train.optim import build_optimizer, build_scheduler, optimizer_factory
+from hpcdl.train.progress import Progress
 from hpcdl.train.runlog import RunLog, latest_run_dir, new_run_dir
+from hpcdl.train.signals import StopRequest, TrainingInterrupted
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -196,7 +200,9 @@ class _Run:
         else:
             self.run_dir = Path(run_dir) if run_dir else self._new_run_dir()
             self.backend.broadcast_state(self.model, self.optimizer)
-        self.log = RunLog(self.run_dir, writes=self.backend.is_root, tensorboard=config["logging"]["tensorboard"])
+        self.log = RunLog(self.run_dir, writes=self.backend.is_root, tensorboard=config["logging"]["tensorboard"],
+                          mlflow=config["logging"]["mlflow"], mlflow_uri=config["logging"]["mlflow_uri"])
+        self.stop = StopRequest()  # entered by run_training around run()
 
     def _new_run_dir(self) -> Path:
         # Rank 0's clock names the directory; the mean of (t, 0, 0, ...) times size carries it to every rank.
@@ -239,10 +245,19 @@ class _Run:
         self.epochs = list(state["epoch_records"])
         self.epoch_losses = list(state["epoch_losses"])
 
-    def _save(self) -> None:
+    def _save(self) -> Path:
+        """Rank 0 writes the checkpoint of the current step; every rank returns its path."""
         if self.backend.is_root:
             ckpt.save_checkpoint(self.run_dir / "checkpoints", self.step, self._state(),
                                  keep=self.config["checkpoint"]["keep"])
+        return self.run_dir / "checkpoints" / ckpt.checkpoint_name(self.step)
+
+    def _stop_if_signalled(self) -> None:
+        """At a step boundary: if any rank got SIGUSR1/SIGTERM, all checkpoint this step and stop together."""
+        if self.stop.agreed(self.backend):
+            path = self._save()
+            self.backend.barrier()  # the checkpoint is on disk before any rank exits
+            raise TrainingInterrupted(self.stop.name, self.step, str(path))
 
     def _train_step(self, x, y, stats) -> float:
         device = self.backend.device
@@ -266,7 +281,7 @@ class _Run:
         rank, size = self.backend.rank, self.backend.size
         indices = list(range(rank, len(self.val_set), size))
         batches = DataLoader(Subset(self.val_set, indices), batch_size=self.per_device)
-        sums = ValidationSums(self.spec.task, self.spec.num_classes)
+        sums = ValidationSums(self.spec.task, self.spec.num_classes, miou=self.config["train"]["miou"])
         cap = self.config["train"]["val_steps"]
         for index, (x, y) in enumerate(batches):
             if cap is not None and index >= cap:
@@ -287,7 +302,8 @@ class _Run:
         every_ckpt, every_log = config["checkpoint"]["every_steps"], config["logging"]["every_steps"]
         stats, step_times = Stats(), []
         peak = PeakMemory(self.backend.device)
-        bar = self._progress_bar()
+        bar = Progress(config["name"], self.total_steps, self.step,
+                       enabled=self.progress and config["logging"]["progress"] and self.backend.is_root)
         peak.start()
         first_epoch = len(self.epochs)  # epochs finished and validated; a resumed one may be part-trained
         for epoch in range(first_epoch, config["train"]["epochs"]):
@@ -304,23 +320,22 @@ class _Run:
                     step_times.append(time.perf_counter() - began)
                     self.step += 1
                     self.epoch_losses.append(loss)
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(loss=f"{loss:.4f}", epoch=epoch)
+                    bar.update(self.step, epoch, loss)
                     if self.step % every_log == 0:
                         self._log_step(epoch, loss, step_times[-1], stats, peak)
                     if every_ckpt and self.step % every_ckpt == 0 and self.step < self.total_steps:
                         self._save()
+                    self._stop_if_signalled()
             mean_loss = self.backend.allreduce_mean(
                 {"loss": sum(self.epoch_losses) / max(len(self.epoch_losses), 1)})["loss"]
             record = {"epoch": epoch, "step": self.step, "train_loss": mean_loss, **self._validate()}
             self.epochs.append(record)
             self.log.log({"kind": "val", **record})
-        if bar is not None:
-            bar.close()
+        bar.close()
         self._save()
         result = self._result(stats, step_times, peak)
         self.log.write_summary(asdict(result))
+        self.log.write_hparams(config, {f"final/{key}": value for key, value in (self.epochs or [{}])[-1].items()})
         self.log.close()
         return result
 
@@ -329,14 +344,6 @@ class _Run:
         for data in (self.train_set, self.val_set):
             if hasattr(data, "close"):  # file-backed data sets; random and synthetic data hold no files
                 data.close()
-
-    def _progress_bar(self):
-        if not (self.progress and self.config["logging"]["progress"] and self.backend.is_root):
-            return None
-        from tqdm import tqdm
-
-        return tqdm(total=self.total_steps, initial=self.step, desc=self.config["name"], unit="step",
-                    file=sys.stderr, dynamic_ncols=True)
 
     def _log_step(self, epoch: int, loss: float, step_time: float, stats, peak: PeakMemory) -> None:
         self.log.log({
@@ -388,7 +395,8 @@ def run_training(config: dict | str, run_dir: str | Path | None = None, progress
         check_run_name(config["name"])  # it will name the run directory: say so before any work
     run = _Run(config, run_dir, progress, resume)
     try:
-        result = run.run()
+        with run.stop:
+            result = run.run()
         run.backend.barrier()  # only after success: a failed rank must not leave the others waiting here
         return result
     finally:

@@ -1,0 +1,66 @@
+"""Stop a run cleanly on SIGUSR1 (a time-limit warning) or SIGTERM (preemption, the time limit itself).
+
+The handler only records the signal; the training loop asks :meth:`StopRequest.agreed` at every step
+boundary, which combines every rank's flag in one all-reduce, so all ranks stop after the same step even
+when the signal reached them at different steps (or only reached some of them). The loop then writes a
+checkpoint and raises :class:`TrainingInterrupted`; ``hpcdl train`` exits with :data:`EXIT_CHECKPOINTED`,
+which the Slurm job scripts read as "checkpointed, requeue me" (see docs/slurm.md).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+# sysexits.h EX_TEMPFAIL: "a temporary failure; the user is invited to retry". Distinct from 0 (finished),
+# 1 (failed) and 2 (bad input), and from 128+N (killed by signal N).
+EXIT_CHECKPOINTED = 75
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class TrainingInterrupted(Exception):
+    """A run stopped on a signal after writing a checkpoint; resume it with ``hpcdl train --resume``."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: str):
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        super().__init__(f"stopped on {signal_name} after step {step}; checkpoint {checkpoint} written; "
+                         "continue with `hpcdl train CONFIG --resume RUN_DIR`")
+
+
+class StopRequest:
+    """Records SIGUSR1/SIGTERM while active (a context manager) and restores the previous handlers after.
+
+    Outside the main thread Python cannot install handlers; the request then never fires (a run started
+    from a worker thread keeps the default behaviour of the signals).
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL/SIG_IGN or None
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for number in STOP_SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    def _handle(self, number: int, frame) -> None:
+        if self.received is None:  # the first signal names the stop (a USR1 warning before the TERM)
+            self.received = number
+
+    def agreed(self, backend) -> bool:
+        """Whether any rank received a stop signal; collective: every rank must call it at the same step."""
+        flag = 1.0 if self.received is not None else 0.0
+        if backend.size > 1:
+            flag = backend.allreduce_mean({"stop": flag})["stop"]
+        return flag > 0
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else "a signal on another rank"

@@ -1,0 +1,87 @@
+"""SIGUSR1/SIGTERM stop a training run at a step boundary with a checkpoint and exit code 75; --resume then
+reaches the weights of the uninterrupted run (no Slurm here; tests/test_train_slurm.py has the requeue)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcdl.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from hpcdl.train.distributed import Backend
+from hpcdl.train.signals import EXIT_CHECKPOINTED, StopRequest
+
+STEPS = 64  # 2 epochs of 32 batches of 8; enough that the signal lands mid-run (a step is milliseconds)
+SETS = ["data.dataset=synthetic", "data.synthetic_samples=256", "model.scale=tiny", "train.batch=8",
+        f"train.steps_per_epoch={STEPS // 2}", "train.epochs=2", "logging.progress=false",
+        "distributed.backend=none", "logging.every_steps=1"]
+
+
+def _command(*extra: str) -> list[str]:
+    sets = [item for override in SETS for item in ("--set", override)]
+    return [sys.executable, "-m", "hpcdl", "train", "hep-particles", *sets, *extra]
+
+
+def _steps_logged(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return max((json.loads(line)["step"] for line in lines[:-1]), default=0)  # the last line may be half-written
+
+
+def _signal_mid_run(run_dir: Path, number: int) -> subprocess.CompletedProcess:
+    process = subprocess.Popen(_command("--run-dir", str(run_dir)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while _steps_logged(run_dir) < 3 and process.poll() is None:
+        assert time.monotonic() < deadline, "the training subprocess logged no step in time"
+        time.sleep(0.005)
+    process.send_signal(number)
+    out, err = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, out.decode(), err.decode())
+
+
+@pytest.mark.slow  # three training subprocesses
+def test_sigusr1_checkpoints_exits_75_and_resume_reaches_the_uninterrupted_weights(tmp_path):
+    stopped = _signal_mid_run(tmp_path / "stopped", signal.SIGUSR1)
+    assert stopped.returncode == EXIT_CHECKPOINTED, stopped.stderr
+    assert "stopped on SIGUSR1 after step" in stopped.stderr and "--resume" in stopped.stderr
+    checkpoints = list_checkpoints(tmp_path / "stopped" / "checkpoints")
+    assert len(checkpoints) == 1, "only the signal's checkpoint (checkpoint.every_steps is 0)"
+    step = load_checkpoint(checkpoints[0])["step"]
+    assert 3 <= step < STEPS and not (tmp_path / "stopped" / "summary.json").exists()
+
+    resumed = subprocess.run(_command("--resume", str(tmp_path / "stopped")), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = subprocess.run(_command("--run-dir", str(tmp_path / "whole")), capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+    a = load_checkpoint(latest_checkpoint(tmp_path / "stopped" / "checkpoints"))
+    b = load_checkpoint(latest_checkpoint(tmp_path / "whole" / "checkpoints"))
+    assert a["step"] == b["step"] == STEPS
+    for key in b["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-6, atol=1e-7)
+    summary = json.loads((tmp_path / "stopped" / "summary.json").read_text())
+    assert summary["resumed_from_step"] == step
+
+
+def test_sigterm_also_stops_with_a_checkpoint(tmp_path):
+    stopped = _signal_mid_run(tmp_path / "run", signal.SIGTERM)
+    assert stopped.returncode == EXIT_CHECKPOINTED, stopped.stderr
+    assert "stopped on SIGTERM" in stopped.stderr
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints") is not None
+
+
+def test_stop_request_records_the_first_signal_and_restores_the_handlers():
+    before = signal.getsignal(signal.SIGUSR1)
+    with StopRequest() as stop:
+        assert not stop.agreed(Backend())
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.agreed(Backend()) and stop.name == "SIGUSR1"
+    assert signal.getsignal(signal.SIGUSR1) is before
