@@ -33,7 +33,7 @@ def test_codec_methods_become_the_trainers_codec_config(spec, expected):
     assert config["compression"]["codec"] == expected
 
 
-@pytest.mark.parametrize("spec, method", [("baseline", "none"), ("none", "none"), ("checkpoint", "checkpoint"),
+@pytest.mark.parametrize("spec, method", [("baseline", "none"), ("none", "none"), ("recompute", "recompute"),
                                           ("offload", "offload")])
 def test_plain_methods_select_the_trainers_method(spec, method):
     parsed = parse_method(spec)
@@ -42,8 +42,8 @@ def test_plain_methods_select_the_trainers_method(spec, method):
 
 
 def test_method_lists_split_on_commas_but_keep_codec_options_together():
-    methods = parse_methods("baseline, quant:bits=4,group_size=128 ,cast:bf16,checkpoint")
-    assert [m.spec for m in methods] == ["baseline", "quant:bits=4,group_size=128", "cast:bf16", "checkpoint"]
+    methods = parse_methods("baseline, quant:bits=4,group_size=128 ,cast:bf16,recompute")
+    assert [m.spec for m in methods] == ["baseline", "quant:bits=4,group_size=128", "cast:bf16", "recompute"]
     assert methods[1].codec_config == {"id": "quant", "bits": 4, "group_size": 128}
 
 
@@ -183,3 +183,32 @@ def test_an_edited_base_config_makes_new_run_keys(tmp_path):
     assert plan_sweep(["hep-cnn"], "baseline", [0], epochs=1, base_config=str(config))[0].key == first[0].key
     config.write_text("model: {name: hep-cnn}\noptimizer: {lr: 2.0e-3}\n")
     assert plan_sweep(["hep-cnn"], "baseline", [0], epochs=1, base_config=str(config))[0].key != first[0].key
+
+
+def test_checkpoint_is_the_old_name_of_the_recompute_method():
+    assert parse_method("checkpoint") == parse_method("recompute") == parse_method(" recompute ")
+    assert parse_method("checkpoint").overrides() == ["compression.method=recompute"]
+    with pytest.raises(ValueError, match="'checkpoint' and 'recompute' are the same method|same method"):
+        parse_methods("recompute,checkpoint")
+
+
+def test_records_of_the_old_checkpoint_method_are_read_and_summarised_as_recompute(tmp_path):
+    """Results written before the rename (method "checkpoint") group with new "recompute" runs of the same model;
+    a seed measured under both names counts once, the later record."""
+    for record in [_run("baseline", 0, 0.80, 100, "baseline") | {"key": "b0"},
+                   _run("checkpoint", 0, 0.80, 60, "checkpoint") | {"key": "old0"},
+                   _run("checkpoint", 1, 0.81, 60, "checkpoint") | {"key": "old1"},
+                   _run("recompute", 1, 0.82, 50, "recompute") | {"key": "new1"},
+                   {"kind": "step_peak", "key": "old0", "model": "m", "scale": "tiny", "method": "checkpoint",
+                    "method_kind": "checkpoint", "seed": 0, "peak_bytes": 45}]:
+        append_record(tmp_path, {"kind": "run", **record})
+    parsed = read_results(tmp_path)
+    assert {run["method"] for run in parsed.runs()} == {"baseline", "recompute"}
+    assert {run["method_kind"] for run in parsed.runs()} == {"baseline", "recompute"}
+    assert ("recompute", 0) in parsed.step_peaks()[("m", "tiny")]
+    summary = summarise_model(parsed.runs(), parsed.step_peaks()[("m", "tiny")])
+    recompute = {m.method: m for m in summary.methods}["recompute"]
+    assert [m.method for m in summary.methods] == ["baseline", "recompute"]
+    assert recompute.seeds == [0, 1] and recompute.kind == "recompute"
+    assert recompute.val_metric.high == 0.82  # seed 1's later record, not the old one
+    assert recompute.peak_reduction.low == 100 / 60  # seed 0, the only seed with a baseline

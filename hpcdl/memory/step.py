@@ -117,10 +117,10 @@ def step_method(method: ActivationMethod | None, policy, threshold: int) -> Acti
     if method is not None:
         if policy is not None:
             raise ValueError("give a step either method= (an activation method) or policy=, not both; "
-                             "for checkpointing with a codec use method=Checkpoint() + Codec(policy)")
+                             "for recomputation with a codec use method=Recompute() + Codec(policy)")
         if not isinstance(method, ActivationMethod):
             raise TypeError(f"method must be an activation method of hpcdl.runtime.methods (Plain, Codec, "
-                            f"Checkpoint, Offload or a combination), got {type(method).__name__}")
+                            f"Recompute, Offload or a combination), got {type(method).__name__}")
         return method
     policy = as_policy(policy)
     return Plain() if policy is None else Codec(policy, threshold)

@@ -10,12 +10,13 @@ runs under the configured activation method (an object of
 - ``none``: plain autograd (the baseline);
 - ``codec``: inside ``hpcdl.compressed(model, policy)``, which compresses what
   autograd saves with the configured codec;
-- ``checkpoint``: each of the model's blocks (``ModelSpec.blocks``) recomputed
-  in backward (``torch.utils.checkpoint``, non-reentrant);
+- ``recompute``: each of the model's blocks (``ModelSpec.blocks``) recomputed
+  in backward (``torch.utils.checkpoint``, non-reentrant; PyTorch's activation
+  checkpointing, once spelled ``checkpoint`` here);
 - ``offload``: saved tensors moved to pinned host memory
   (``torch.autograd.graph.save_on_cpu``), CUDA only;
-- ``checkpoint+codec``, ``checkpoint+offload``: the blocks checkpointed, and what
-  the checkpointed model still saves (block inputs, the rest) compressed or offloaded.
+- ``recompute+codec``, ``recompute+offload``: the blocks recomputed, and what
+  the recomputing model still saves (block inputs, the rest) compressed or offloaded.
 
 The step itself is :func:`hpcdl.runtime.methods.train_step`, the same function
 the batch search (:mod:`hpcdl.memory`) measures, with this run's optimizer.
@@ -41,7 +42,7 @@ from hpcdl.memory.peak import PeakMemory
 from hpcdl.runtime import methods
 from hpcdl.train import checkpoint as ckpt
 from hpcdl.train.activation import activation_method, compression_policy, method_name
-from hpcdl.train.config import check_run_name, load_config
+from hpcdl.train.config import canonical_method, check_run_name, load_config
 from hpcdl.train.evaluate import ValidationSums
 from hpcdl.train.inputs import datasets, model_options
 from hpcdl.train.optim import build_optimizer, build_scheduler, optimizer_factory
@@ -69,7 +70,7 @@ class RunResult:
     world_size: int
     rank: int  # of the process that returned this result; rank 0 wrote the run directory
     steps: int
-    method: str  # "none", "codec:<spec>", "checkpoint" or "offload"
+    method: str  # "none", "codec:<spec>", "recompute" or "offload"
     resumed_from_step: int | None = None
     config: dict = field(default_factory=dict)
     model_options: dict = field(default_factory=dict)  # constructor arguments the model was built with
@@ -219,6 +220,9 @@ class _Run:
     def _restore(self, path: Path, state: dict) -> None:
         """Continue from ``state``, the checkpoint loaded from ``path``: weights, optimizer, schedule, data
         position, every random generator (torch, NumPy, Python) and the compression policy."""
+        saved = state.get("identity", {})
+        if isinstance(saved.get("compression"), str):  # a checkpoint of a run that spelled recompute "checkpoint"
+            saved["compression"] = canonical_method(saved["compression"])
         ckpt.check_compatible(state, _identity(self.config, self.global_batch), path)
         try:
             self.model.load_state_dict(state["model"])
