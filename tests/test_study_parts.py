@@ -13,7 +13,7 @@ from hpcdl.study.activations import capture_activation_stats
 from hpcdl.study.methods import parse_method, parse_methods
 from hpcdl.study.results import append_record, read_results
 from hpcdl.study.summary import summarise_model
-from hpcdl.study.sweep import RunSpec, parse_shard, plan_sweep, shard
+from hpcdl.study.sweep import PlannedRun, parse_shard, plan_sweep, shard
 from hpcdl.train.config import load_config
 
 
@@ -58,9 +58,9 @@ def test_bad_method_lists_are_refused_with_the_reason(specs, message):
         parse_methods(specs)
 
 
-def _runs(count: int) -> list[RunSpec]:
+def _runs(count: int) -> list[PlannedRun]:
     method = parse_method("baseline")
-    return [RunSpec("hep-cnn", "tiny", method, seed, 1, 8, "hep-jets") for seed in range(count)]
+    return [PlannedRun("hep-cnn", "tiny", method, seed, 1, 8, "hep-jets") for seed in range(count)]
 
 
 @pytest.mark.parametrize("total, shards", [(1, 1), (7, 3), (9, 3), (2, 5), (18, 4)])
@@ -80,15 +80,15 @@ def test_bad_shards_are_refused(text):
 
 
 def test_run_keys_depend_on_everything_that_defines_a_run_and_nothing_else():
-    base = RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets")
-    same = RunSpec("hep-cnn", "tiny", parse_method("sz:rel=0.01"), 0, 2, 8, "hep-jets")
+    base = PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets")
+    same = PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=0.01"), 0, 2, 8, "hep-jets")
     assert base.key == same.key
     others = [
-        RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-3"), 0, 2, 8, "hep-jets"),
-        RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 1, 2, 8, "hep-jets"),
-        RunSpec("hep-cnn", "small", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets"),
-        RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 3, 8, "hep-jets"),
-        RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets", extra=("optimizer.lr=0.1",)),
+        PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-3"), 0, 2, 8, "hep-jets"),
+        PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 1, 2, 8, "hep-jets"),
+        PlannedRun("hep-cnn", "small", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets"),
+        PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 3, 8, "hep-jets"),
+        PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets", extra=("optimizer.lr=0.1",)),
     ]
     assert len({base.key, *(run.key for run in others)}) == 1 + len(others)
 
@@ -212,3 +212,11 @@ def test_records_of_the_old_checkpoint_method_are_read_and_summarised_as_recompu
     assert recompute.seeds == [0, 1] and recompute.kind == "recompute"
     assert recompute.val_metric.high == 0.82  # seed 1's later record, not the old one
     assert recompute.peak_reduction.low == 100 / 60  # seed 0, the only seed with a baseline
+
+
+def test_run_spec_is_the_old_name_of_planned_run():
+    import hpcdl.study
+    from hpcdl.study import steppeak
+
+    assert hpcdl.study.RunSpec is hpcdl.study.PlannedRun is PlannedRun and steppeak.spec_loss is steppeak.model_loss
+    assert _runs(1)[0] == hpcdl.study.RunSpec("hep-cnn", "tiny", parse_method("baseline"), 0, 1, 8, "hep-jets")

@@ -133,7 +133,7 @@ class Codec(ActivationMethod):
 
 
 def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks a zoo model names through its ``checkpoint_blocks()`` (what ``ModelSpec.blocks`` returns)."""
+    """The blocks a zoo model names through its ``checkpoint_blocks()`` (what ``ModelFamily.blocks`` returns)."""
     blocks = getattr(model, "checkpoint_blocks", None)
     if blocks is None:
         raise ValueError(f"{type(model).__name__} has no checkpoint_blocks(); pass Recompute(blocks=...) the modules "
@@ -148,7 +148,7 @@ class Recompute(ActivationMethod):
     PyTorch's activation (gradient) checkpointing at block granularity; ``Checkpoint`` is its old name.
 
     ``blocks`` is a list of modules of the model, or a function ``model -> list of modules`` (default
-    :func:`model_blocks`; pass ``ModelSpec.blocks`` for a zoo model). The blocks are wrapped only
+    :func:`model_blocks`; pass ``ModelFamily.blocks`` for a zoo model). The blocks are wrapped only
     while the context is open, so the model is left as it was (evaluation runs it plainly).
     """
 

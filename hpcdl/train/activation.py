@@ -42,7 +42,7 @@ def method_name(compression: dict) -> str:
 def activation_method(compression: dict, blocks: Callable = model_blocks, policy=None) -> ActivationMethod:
     """The method object of a resolved ``compression`` section.
 
-    ``blocks`` finds the blocks ``recompute`` recomputes (e.g. ``ModelSpec.blocks``; the default asks
+    ``blocks`` finds the blocks ``recompute`` recomputes (e.g. ``ModelFamily.blocks``; the default asks
     the model's ``checkpoint_blocks()`` and pickles, for a measuring subprocess). ``policy``: the
     Policy to compress with (the trainer passes the one it checkpoints); default built from the section.
     """

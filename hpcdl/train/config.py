@@ -261,16 +261,16 @@ def _validate_section(raw: dict, schema: dict, path: str) -> dict:
         if key not in schema:
             raise _unknown_key(path, str(key), schema)
     resolved = {}
-    for key, spec in schema.items():
+    for key, entry in schema.items():
         full = f"{path}.{key}" if path else key
-        if isinstance(spec, dict):
-            resolved[key] = _validate_section(raw.get(key) or {}, spec, full)
+        if isinstance(entry, dict):
+            resolved[key] = _validate_section(raw.get(key) or {}, entry, full)
         elif key in raw:
-            resolved[key] = _check_value(full, spec, raw[key])
-        elif spec.required:
-            raise ConfigError(f"config key {full!r} is required ({spec.help or spec.kind})")
+            resolved[key] = _check_value(full, entry, raw[key])
+        elif entry.required:
+            raise ConfigError(f"config key {full!r} is required ({entry.help or entry.kind})")
         else:
-            resolved[key] = copy.deepcopy(spec.default)
+            resolved[key] = copy.deepcopy(entry.default)
     return resolved
 
 

@@ -10,7 +10,7 @@ runs under the configured activation method (an object of
 - ``none``: plain autograd (the baseline);
 - ``codec``: inside ``hpcdl.compressed(model, policy)``, which compresses what
   autograd saves with the configured codec;
-- ``recompute``: each of the model's blocks (``ModelSpec.blocks``) recomputed
+- ``recompute``: each of the model's blocks (``ModelFamily.blocks``) recomputed
   in backward (``torch.utils.checkpoint``, non-reentrant; PyTorch's activation
   checkpointing, once spelled ``checkpoint`` here);
 - ``offload``: saved tensors moved to pinned host memory
@@ -151,11 +151,11 @@ class _Run:
         self.start = time.perf_counter()
         self.backend = init_backend(config["distributed"]["backend"])
         rank, size = self.backend.rank, self.backend.size
-        self.spec = models.spec(config["model"]["name"])
+        self.family = models.family(config["model"]["name"])
         scale = config["model"]["scale"]
-        self.spec.scale(scale)  # unknown scale: the registry's error, before any data is read
-        self.train_set, self.val_set = datasets(config, self.spec)
-        self.model_options = options = model_options(config, self.spec, self.train_set)
+        self.family.scale(scale)  # unknown scale: the registry's error, before any data is read
+        self.train_set, self.val_set = datasets(config, self.family)
+        self.model_options = options = model_options(config, self.family, self.train_set)
 
         batch, self.batch_search = config["train"]["batch"], None
         if batch == "auto":
@@ -167,11 +167,11 @@ class _Run:
         self.per_device = self.global_batch // size
 
         torch.manual_seed(config["train"]["seed"])  # same initial weights on every rank and for every method
-        self.model = self.spec.build(scale, **options).to(self.backend.device)
+        self.model = self.family.build(scale, **options).to(self.backend.device)
         compression = config["compression"]
         self.method = method_name(compression)
         self.policy = compression_policy(compression)
-        self.activation = activation_method(compression, self.spec.blocks, self.policy)
+        self.activation = activation_method(compression, self.family.blocks, self.policy)
         self.activation.prepare(self.model)
 
         self.loader = ShardedLoader(self.train_set, self.per_device, rank=rank, world_size=size,
@@ -251,7 +251,7 @@ class _Run:
         device = self.backend.device
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         _seed_step(self.config["train"]["seed"], self.step, self.backend.rank)
-        result = methods.train_step(self.model, self.activation, x, y, self.spec.loss, self.optimizer,
+        result = methods.train_step(self.model, self.activation, x, y, self.family.loss, self.optimizer,
                                     forward=self.ddp_model, scheduler=self.scheduler,
                                     reduced_gradients=self.backend.reduced_gradients)
         if result.stats is not None:
@@ -269,14 +269,14 @@ class _Run:
         rank, size = self.backend.rank, self.backend.size
         indices = list(range(rank, len(self.val_set), size))
         batches = DataLoader(Subset(self.val_set, indices), batch_size=self.per_device)
-        sums = ValidationSums(self.spec.task, self.spec.num_classes)
+        sums = ValidationSums(self.family.task, self.family.num_classes)
         cap = self.config["train"]["val_steps"]
         for index, (x, y) in enumerate(batches):
             if cap is not None and index >= cap:
                 break
             x, y = x.to(self.backend.device), y.to(self.backend.device)
             logits = self.model(x)
-            sums.update(logits, y, float(self.spec.loss(logits, y)))
+            sums.update(logits, y, float(self.family.loss(logits, y)))
         self.model.train()
         totals = {k: v * size for k, v in self.backend.allreduce_mean(sums.sums).items()}
         return sums.metrics(totals)
@@ -356,7 +356,7 @@ class _Run:
                       for name, row in stats.per_module().items()}
         return RunResult(
             run_dir=str(self.run_dir), epochs=self.epochs,
-            metric_name=ValidationSums(self.spec.task, self.spec.num_classes).name,
+            metric_name=ValidationSums(self.family.task, self.family.num_classes).name,
             median_step_time_s=median, samples_per_s=self.global_batch / median if step_times else float("nan"),
             activation_original_bytes=stats.original_bytes, activation_packed_bytes=stats.packed_bytes,
             activation_ratio=stats.ratio, per_module=per_module,
