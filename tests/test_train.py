@@ -69,7 +69,7 @@ def test_sz_compression_reports_ratio_and_starts_like_the_baseline(tmp_path):
     assert baseline.epochs[-1]["train_loss"] == pytest.approx(compressed.epochs[-1]["train_loss"], rel=0.05)
 
 
-def test_checkpoint_method_gives_the_baseline_gradients(tmp_path):
+def test_recompute_method_gives_the_baseline_gradients(tmp_path):
     baseline = run_training(_config("train.epochs=1"), run_dir=tmp_path / "base")
     recomputed = run_training(_config("train.epochs=1", "compression.method=recompute"), run_dir=tmp_path / "ck")
     a, b = _final_parameters(baseline.run_dir), _final_parameters(recomputed.run_dir)
