@@ -90,7 +90,7 @@ def test_every_shipped_config_validates_and_has_a_description():
     for name, description in listing.items():
         assert description, f"{name} has no description"
         config = load_config(name)
-        spec = models.spec(config["model"]["name"])
+        spec = models.family(config["model"]["name"])
         assert config["model"]["scale"] in spec.scales, name
         if config["compression"]["method"] == "codec":
             from hpcdl.compress import codec_class

@@ -19,27 +19,27 @@ AGREED_NAMES = {
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 
-def expected_output_shape(spec, scale, batch):
-    shape = spec.input_shape(scale)
-    if spec.task == "segmentation":
-        return (batch, spec.num_classes, *shape[-2:])
-    if spec.task == "language":
-        return (batch, shape[0], spec.num_classes)
-    return (batch, spec.num_classes)
+def expected_output_shape(family, scale, batch):
+    shape = family.input_shape(scale)
+    if family.task == "segmentation":
+        return (batch, family.num_classes, *shape[-2:])
+    if family.task == "language":
+        return (batch, shape[0], family.num_classes)
+    return (batch, family.num_classes)
 
 
-def test_registry_lists_the_agreed_models_with_consistent_specs():
+def test_registry_lists_the_agreed_models_with_consistent_families():
     assert set(models.names()) == AGREED_NAMES
     for name in models.names():
-        spec = models.spec(name)
-        assert spec.name == name
-        assert spec.task in ("segmentation", "classification", "language")
-        assert spec.scales[0] == "tiny" and spec.scales[-1] == "full"
-        assert spec.input_dtype == (torch.int64 if spec.task == "language" else torch.float32)
-    assert models.spec("deeplabv3p-climate").default_dataset == "climate-sample"
-    assert models.spec("hep-cnn").default_dataset == "hep-sample"
-    assert models.spec("deeplabv3p-climate").input_shape("full") == (16, 768, 1152)
-    assert models.spec("deeplabv3p-climate").num_classes == 3
+        family = models.family(name)
+        assert family.name == name
+        assert family.task in ("segmentation", "classification", "language")
+        assert family.scales[0] == "tiny" and family.scales[-1] == "full"
+        assert family.input_dtype == (torch.int64 if family.task == "language" else torch.float32)
+    assert models.family("deeplabv3p-climate").default_dataset == "climate-sample"
+    assert models.family("hep-cnn").default_dataset == "hep-sample"
+    assert models.family("deeplabv3p-climate").input_shape("full") == (16, 768, 1152)
+    assert models.family("deeplabv3p-climate").num_classes == 3
 
 
 def test_unknown_names_scales_and_arguments_say_what_is_valid():
@@ -48,34 +48,34 @@ def test_unknown_names_scales_and_arguments_say_what_is_valid():
     with pytest.raises(ValueError, match="no scale 'huge'.*tiny, small, full"):
         models.get("resnet18", scale="huge")
     with pytest.raises(ValueError, match="no scale 'huge'"):
-        models.spec("gpt").input_shape("huge")
+        models.family("gpt").input_shape("huge")
     with pytest.raises(TypeError, match="does not take colour.*in_channels"):
         models.get("deeplabv3p-climate", "tiny", colour=3)
     with pytest.raises(ValueError, match="positive int"):
-        models.spec("vit").example_batch("tiny", 0)
+        models.family("vit").example_batch("tiny", 0)
 
 
 @pytest.mark.parametrize("name", sorted(AGREED_NAMES))
 def test_smallest_scale_has_the_right_output_shape_and_learns(name):
-    spec = models.spec(name)
-    scale = spec.scales[0]
+    family = models.family(name)
+    scale = family.scales[0]
     torch.manual_seed(0)
     model = models.get(name, scale)
-    x, y = spec.example_batch(scale, 2, torch.Generator().manual_seed(1))
-    assert x.shape == (2, *spec.input_shape(scale)) and x.dtype == spec.input_dtype
+    x, y = family.example_batch(scale, 2, torch.Generator().manual_seed(1))
+    assert x.shape == (2, *family.input_shape(scale)) and x.dtype == family.input_dtype
     assert y.dtype == torch.int64
     output = model(x)
-    assert output.shape == expected_output_shape(spec, scale, 2)
+    assert output.shape == expected_output_shape(family, scale, 2)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(6):
-        loss = spec.loss(model(x), y)
+        loss = family.loss(model(x), y)
         assert torch.isfinite(loss)
         losses.append(loss.item())
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    final = spec.loss(model(x), y).item()
+    final = family.loss(model(x), y).item()
     assert final < 0.97 * losses[0], f"{name}: loss went {losses} -> {final}"
 
 
@@ -85,12 +85,12 @@ def test_in_channels_override_builds_a_climate_model_for_other_data():
 
 
 def test_example_batch_is_reproducible_and_in_range():
-    spec = models.spec("deeplabv3p-climate")
-    a = spec.example_batch("tiny", 3, torch.Generator().manual_seed(5))
-    b = spec.example_batch("tiny", 3, torch.Generator().manual_seed(5))
+    family = models.family("deeplabv3p-climate")
+    a = family.example_batch("tiny", 3, torch.Generator().manual_seed(5))
+    b = family.example_batch("tiny", 3, torch.Generator().manual_seed(5))
     assert all(torch.equal(p, q) for p, q in zip(a, b))
-    assert a[1].shape == (3, *spec.input_shape("tiny")[-2:]) and 0 <= a[1].min() and a[1].max() < 3
-    tokens, targets = models.spec("gpt").example_batch("tiny", 2, torch.Generator().manual_seed(0))
+    assert a[1].shape == (3, *family.input_shape("tiny")[-2:]) and 0 <= a[1].min() and a[1].max() < 3
+    tokens, targets = models.family("gpt").example_batch("tiny", 2, torch.Generator().manual_seed(0))
     assert torch.equal(tokens[:, 1:], targets[:, :-1]), "language targets are the inputs shifted by one"
 
 
@@ -107,12 +107,12 @@ FULL_PARAMETERS = {  # the published / torchvision counts
 
 @pytest.mark.parametrize("name", sorted(AGREED_NAMES))
 def test_full_scale_builds_and_runs_on_the_meta_device(name):
-    spec = models.spec(name)
+    family = models.family(name)
     with torch.device("meta"):
         model = models.get(name, "full")
-        x, _ = spec.example_batch("full", 1)
+        x, _ = family.example_batch("full", 1)
         output = model(x.to("meta"))
-    assert output.shape == expected_output_shape(spec, "full", 1)
+    assert output.shape == expected_output_shape(family, "full", 1)
     if name in FULL_PARAMETERS:
         assert sum(p.numel() for p in model.parameters()) == FULL_PARAMETERS[name]
 
@@ -129,18 +129,18 @@ def test_full_deeplab_is_deepcam_sized():
 
 @pytest.mark.parametrize("name", ["deeplabv3p-climate", "particle-transformer", "gpt", "resnet18-cifar"])
 def test_checkpointing_each_block_gives_the_same_gradients(name):
-    spec = models.spec(name)
+    family = models.family(name)
     torch.manual_seed(0)
     model = models.get(name, "tiny").eval()  # eval: BatchNorm must not update twice under recomputation
-    blocks = spec.blocks(model)
+    blocks = family.blocks(model)
     owned = {id(m) for m in model.modules()}
     assert blocks and all(id(b) in owned for b in blocks)
     parameters = [{id(p) for p in b.parameters()} for b in blocks]
     assert sum(map(len, parameters)) == len(set().union(*parameters)), "blocks overlap"
     calls = []
     hooks = [b.register_forward_hook(lambda m, i, o, k=k: calls.append(k)) for k, b in enumerate(blocks)]
-    x, y = spec.example_batch("tiny", 2, torch.Generator().manual_seed(0))
-    spec.loss(model(x), y).backward()
+    x, y = family.example_batch("tiny", 2, torch.Generator().manual_seed(0))
+    family.loss(model(x), y).backward()
     for hook in hooks:
         hook.remove()
     assert calls == list(range(len(blocks))), "each block runs once, in order"
@@ -149,14 +149,14 @@ def test_checkpointing_each_block_gives_the_same_gradients(name):
     for block in blocks:
         forward = block.forward
         block.forward = lambda *args, _f=forward, **kw: checkpoint(_f, *args, use_reentrant=False, **kw)
-    spec.loss(model(x), y).backward()
+    family.loss(model(x), y).backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, reference[n], msg=f"{name}: gradient of {n} changed under checkpointing")
 
 
 def test_blocks_rejects_a_model_of_another_kind():
     with pytest.raises(TypeError, match="describes ResNet"):
-        models.spec("resnet18").blocks(nn.Linear(2, 2))
+        models.family("resnet18").blocks(nn.Linear(2, 2))
 
 
 def test_particle_transformer_ignores_padding_and_particle_order():
@@ -217,5 +217,15 @@ def test_catalog_sample_shapes_match_the_committed_samples(model, dataset, featu
     info = load_dataset(dataset, **kwargs).info
     stated = getattr(catalog, shape_name)
     assert tuple(int(n) for n in info["input_shape"]) == stated
-    assert models.spec(model).default_dataset == dataset
-    assert models.spec(model).input_shape("tiny") == stated
+    assert models.family(model).default_dataset == dataset
+    assert models.family(model).input_shape("tiny") == stated
+
+
+def test_old_names_of_the_model_registry_still_work():
+    """``ModelSpec`` and ``spec(name)`` are the old names of ``ModelFamily`` and ``family(name)`` (one release)."""
+    from hpcdl.models import registry
+
+    assert models.ModelSpec is models.ModelFamily is registry.ModelSpec
+    assert models.spec("hep-cnn") is models.family("hep-cnn") and isinstance(models.spec("vit"), models.ModelFamily)
+    with pytest.raises(models.ModelError, match="unknown model 'nope'"):
+        models.spec("nope")

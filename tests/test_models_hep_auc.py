@@ -32,7 +32,7 @@ def read_all(dataset) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_jet_image_cnn_reaches_auc_above_0_8(one_thread):
     train, val = load_hep_images("train"), load_hep_images("val")
-    spec = models.spec("hep-cnn")
+    spec = models.family("hep-cnn")
     assert tuple(train.info["input_shape"]) == spec.input_shape("tiny"), "the tiny scale is sized after the sample"
     x_train, y_train = read_all(train)
     x_val, y_val = read_all(val)

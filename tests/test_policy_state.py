@@ -70,7 +70,7 @@ def test_the_built_in_policies_read_no_gradients(reads):
     for chosen in (Policy.static(RAW), Policy.per_module({"0": RAW}, default=None)):
         _steps(_model(), Codec(chosen, threshold=0))
         assert chosen.step == 4 and chosen.grad_stats == {}
-    _steps(_model(), Codec(Policy.static(RAW), threshold=0) + methods.Checkpoint(lambda m: [m[0]]))
+    _steps(_model(), Codec(Policy.static(RAW), threshold=0) + methods.Recompute(lambda m: [m[0]]))
     assert reads == []
 
 

@@ -13,7 +13,7 @@ from hpcdl.study.activations import capture_activation_stats
 from hpcdl.study.methods import parse_method, parse_methods
 from hpcdl.study.results import append_record, read_results
 from hpcdl.study.summary import summarise_model
-from hpcdl.study.sweep import RunSpec, parse_shard, plan_sweep, shard
+from hpcdl.study.sweep import PlannedRun, parse_shard, plan_sweep, shard
 from hpcdl.train.config import load_config
 
 
@@ -33,7 +33,7 @@ def test_codec_methods_become_the_trainers_codec_config(spec, expected):
     assert config["compression"]["codec"] == expected
 
 
-@pytest.mark.parametrize("spec, method", [("baseline", "none"), ("none", "none"), ("checkpoint", "checkpoint"),
+@pytest.mark.parametrize("spec, method", [("baseline", "none"), ("none", "none"), ("recompute", "recompute"),
                                           ("offload", "offload")])
 def test_plain_methods_select_the_trainers_method(spec, method):
     parsed = parse_method(spec)
@@ -42,8 +42,8 @@ def test_plain_methods_select_the_trainers_method(spec, method):
 
 
 def test_method_lists_split_on_commas_but_keep_codec_options_together():
-    methods = parse_methods("baseline, quant:bits=4,group_size=128 ,cast:bf16,checkpoint")
-    assert [m.spec for m in methods] == ["baseline", "quant:bits=4,group_size=128", "cast:bf16", "checkpoint"]
+    methods = parse_methods("baseline, quant:bits=4,group_size=128 ,cast:bf16,recompute")
+    assert [m.spec for m in methods] == ["baseline", "quant:bits=4,group_size=128", "cast:bf16", "recompute"]
     assert methods[1].codec_config == {"id": "quant", "bits": 4, "group_size": 128}
 
 
@@ -58,9 +58,9 @@ def test_bad_method_lists_are_refused_with_the_reason(specs, message):
         parse_methods(specs)
 
 
-def _runs(count: int) -> list[RunSpec]:
+def _runs(count: int) -> list[PlannedRun]:
     method = parse_method("baseline")
-    return [RunSpec("hep-cnn", "tiny", method, seed, 1, 8, "hep-jets") for seed in range(count)]
+    return [PlannedRun("hep-cnn", "tiny", method, seed, 1, 8, "hep-jets") for seed in range(count)]
 
 
 @pytest.mark.parametrize("total, shards", [(1, 1), (7, 3), (9, 3), (2, 5), (18, 4)])
@@ -80,15 +80,15 @@ def test_bad_shards_are_refused(text):
 
 
 def test_run_keys_depend_on_everything_that_defines_a_run_and_nothing_else():
-    base = RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets")
-    same = RunSpec("hep-cnn", "tiny", parse_method("sz:rel=0.01"), 0, 2, 8, "hep-jets")
+    base = PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets")
+    same = PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=0.01"), 0, 2, 8, "hep-jets")
     assert base.key == same.key
     others = [
-        RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-3"), 0, 2, 8, "hep-jets"),
-        RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 1, 2, 8, "hep-jets"),
-        RunSpec("hep-cnn", "small", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets"),
-        RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 3, 8, "hep-jets"),
-        RunSpec("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets", extra=("optimizer.lr=0.1",)),
+        PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-3"), 0, 2, 8, "hep-jets"),
+        PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 1, 2, 8, "hep-jets"),
+        PlannedRun("hep-cnn", "small", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets"),
+        PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 3, 8, "hep-jets"),
+        PlannedRun("hep-cnn", "tiny", parse_method("sz:rel=1e-2"), 0, 2, 8, "hep-jets", extra=("optimizer.lr=0.1",)),
     ]
     assert len({base.key, *(run.key for run in others)}) == 1 + len(others)
 
@@ -183,3 +183,40 @@ def test_an_edited_base_config_makes_new_run_keys(tmp_path):
     assert plan_sweep(["hep-cnn"], "baseline", [0], epochs=1, base_config=str(config))[0].key == first[0].key
     config.write_text("model: {name: hep-cnn}\noptimizer: {lr: 2.0e-3}\n")
     assert plan_sweep(["hep-cnn"], "baseline", [0], epochs=1, base_config=str(config))[0].key != first[0].key
+
+
+def test_checkpoint_is_the_old_name_of_the_recompute_method():
+    assert parse_method("checkpoint") == parse_method("recompute") == parse_method(" recompute ")
+    assert parse_method("checkpoint").overrides() == ["compression.method=recompute"]
+    with pytest.raises(ValueError, match="'checkpoint' and 'recompute' are the same method|same method"):
+        parse_methods("recompute,checkpoint")
+
+
+def test_records_of_the_old_checkpoint_method_are_read_and_summarised_as_recompute(tmp_path):
+    """Results written before the rename (method "checkpoint") group with new "recompute" runs of the same model;
+    a seed measured under both names counts once, the later record."""
+    for record in [_run("baseline", 0, 0.80, 100, "baseline") | {"key": "b0"},
+                   _run("checkpoint", 0, 0.80, 60, "checkpoint") | {"key": "old0"},
+                   _run("checkpoint", 1, 0.81, 60, "checkpoint") | {"key": "old1"},
+                   _run("recompute", 1, 0.82, 50, "recompute") | {"key": "new1"},
+                   {"kind": "step_peak", "key": "old0", "model": "m", "scale": "tiny", "method": "checkpoint",
+                    "method_kind": "checkpoint", "seed": 0, "peak_bytes": 45}]:
+        append_record(tmp_path, {"kind": "run", **record})
+    parsed = read_results(tmp_path)
+    assert {run["method"] for run in parsed.runs()} == {"baseline", "recompute"}
+    assert {run["method_kind"] for run in parsed.runs()} == {"baseline", "recompute"}
+    assert ("recompute", 0) in parsed.step_peaks()[("m", "tiny")]
+    summary = summarise_model(parsed.runs(), parsed.step_peaks()[("m", "tiny")])
+    recompute = {m.method: m for m in summary.methods}["recompute"]
+    assert [m.method for m in summary.methods] == ["baseline", "recompute"]
+    assert recompute.seeds == [0, 1] and recompute.kind == "recompute"
+    assert recompute.val_metric.high == 0.82  # seed 1's later record, not the old one
+    assert recompute.peak_reduction.low == 100 / 60  # seed 0, the only seed with a baseline
+
+
+def test_run_spec_is_the_old_name_of_planned_run():
+    import hpcdl.study
+    from hpcdl.study import steppeak
+
+    assert hpcdl.study.RunSpec is hpcdl.study.PlannedRun is PlannedRun and steppeak.spec_loss is steppeak.model_loss
+    assert _runs(1)[0] == hpcdl.study.RunSpec("hep-cnn", "tiny", parse_method("baseline"), 0, 1, 8, "hep-jets")

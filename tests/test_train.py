@@ -69,9 +69,9 @@ def test_sz_compression_reports_ratio_and_starts_like_the_baseline(tmp_path):
     assert baseline.epochs[-1]["train_loss"] == pytest.approx(compressed.epochs[-1]["train_loss"], rel=0.05)
 
 
-def test_checkpoint_method_gives_the_baseline_gradients(tmp_path):
+def test_recompute_method_gives_the_baseline_gradients(tmp_path):
     baseline = run_training(_config("train.epochs=1"), run_dir=tmp_path / "base")
-    recomputed = run_training(_config("train.epochs=1", "compression.method=checkpoint"), run_dir=tmp_path / "ck")
+    recomputed = run_training(_config("train.epochs=1", "compression.method=recompute"), run_dir=tmp_path / "ck")
     a, b = _final_parameters(baseline.run_dir), _final_parameters(recomputed.run_dir)
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)

@@ -4,7 +4,7 @@
 # directories (the run directories are not committed). Each command resumes if interrupted.
 set -euo pipefail
 OUT=${OUT:-study}
-METHODS=baseline,sz:rel=1e-1,sz:rel=1e-2,sz:rel=1e-3,sz:abs=1e-2,quant:bits=2,quant:bits=4,cast:bf16,checkpoint,offload
+METHODS=baseline,sz:rel=1e-1,sz:rel=1e-2,sz:rel=1e-3,sz:abs=1e-2,quant:bits=2,quant:bits=4,cast:bf16,recompute,offload
 
 # HEP on the committed Pythia 8 sample (hep-sample: 2400 training / 600 validation jets). The jet-image CNN
 # (tiny): 3 epochs of at most 25 steps of 64 (about two passes over the jets; it reaches AUC ~0.94 within one).

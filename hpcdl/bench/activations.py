@@ -83,7 +83,7 @@ def benchmark_activations(quick: bool = False, seed: int = 0, device: str = "cpu
     for name, scale, batch in WORKLOADS["quick" if quick else "full"]:
         torch.manual_seed(seed)  # the model's initial weights
         model = models.get(name, scale=scale).to(device).train()
-        channels, height, width = models.spec(name).input_shape(scale)
+        channels, height, width = models.family(name).input_shape(scale)
         inputs = natural_images(batch, channels, height, width, generator).to(device)
         captured.append(Activations(name, scale, batch, saved_activations(model, inputs)))
     return captured

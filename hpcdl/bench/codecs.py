@@ -313,5 +313,5 @@ def _quotient(numerator: float | None, denominator: float | None) -> float | Non
     return numerator / denominator if numerator and denominator else None
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def _fmt(value: float | None, style: str) -> str:
+    return "-" if value is None else format(value, style)

@@ -25,25 +25,25 @@ def register(subparsers) -> None:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from hpcdl.models import names, spec
+    from hpcdl.models import family, names
     from hpcdl.models.footprint import measure
 
     selected = args.model or names()
     for name in selected:
-        spec(name)  # unknown names fail here, before any measuring
+        family(name)  # unknown names fail here, before any measuring
     scales = args.scale
     if scales:
-        known = sorted({s for name in selected for s in spec(name).scales})
+        known = sorted({s for name in selected for s in family(name).scales})
         unknown = sorted(set(scales) - set(known))
         if unknown:
             raise ValueError(f"unknown scale {', '.join(unknown)}; the selected models have scales {', '.join(known)}")
     rows = []
     for name in selected:
-        for scale in spec(name).scales:
+        for scale in family(name).scales:
             if scales and scale not in scales:
                 continue
             footprint = measure(name, scale, args.device)
-            row = {"model": name, "task": spec(name).task, "scale": scale, "parameters": footprint.parameters,
+            row = {"model": name, "task": family(name).task, "scale": scale, "parameters": footprint.parameters,
                    "input_shape": list(footprint.input_shape),
                    "activation_bytes_per_sample": footprint.activation_bytes_per_sample,
                    "saved_bytes_per_sample": footprint.saved_bytes_per_sample, "device": footprint.device}

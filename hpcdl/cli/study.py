@@ -40,11 +40,12 @@ def register(subparsers) -> None:
         epilog="With --shard i/n (n > 1) the shard appends to OUT/results-shard<i>of<n>.jsonl, so array tasks "
                "never share a file; `hpcdl study report` reads them all.",
         description="Runs every (model, seed, method) not yet finished in OUT/results.jsonl through the trainer. "
-                    "Methods: baseline, checkpoint, offload (GPU only; recorded as skipped elsewhere), or a codec "
-                    "spec such as sz:rel=1e-2, sz:abs=1e-3, quant:bits=2, cast:bf16.")
+                    "Methods: baseline, recompute (activation checkpointing; old name checkpoint), offload (GPU "
+                    "only; recorded as skipped elsewhere), or a codec spec such as sz:rel=1e-2, sz:abs=1e-3, "
+                    "quant:bits=2, cast:bf16.")
     run.add_argument("--models", type=_csv, required=True, help="comma-separated model names (see `hpcdl models`)")
     run.add_argument("--methods", required=True,
-                     help="comma-separated methods, e.g. baseline,sz:rel=1e-2,quant:bits=2,cast:bf16,checkpoint")
+                     help="comma-separated methods, e.g. baseline,sz:rel=1e-2,quant:bits=2,cast:bf16,recompute")
     run.add_argument("--seeds", type=_seeds, default=[0], help="comma-separated seeds (default 0)")
     run.add_argument("--epochs", type=int, default=3, help="epochs per run (default 3)")
     run.add_argument("--steps-per-epoch", type=int, default=None, help="cap on optimizer steps per epoch")

@@ -50,7 +50,7 @@ class Workload:
     ``model`` is an ``hpcdl.models`` name (built at ``scale`` with ``options``),
     a ``"module:function"`` string, or a module-level callable returning an
     ``nn.Module``. ``batch(batch_size, generator) -> (x, y)`` and
-    ``loss(output, y)`` default to the zoo spec's ``example_batch`` and
+    ``loss(output, y)`` default to the zoo model family's ``example_batch`` and
     ``loss``; a custom model needs ``batch`` (its loss defaults to
     cross-entropy for integer targets, else mean squared error).
     """
@@ -89,11 +89,11 @@ class Workload:
         if self.zoo_name:
             from hpcdl import models
 
-            spec = models.spec(self.zoo_name)
-            model = spec.build(self.scale, **self.options)
+            family = models.family(self.zoo_name)
+            model = family.build(self.scale, **self.options)
             make_batch = _resolve(self.batch, "batch") if self.batch else \
-                (lambda size, gen: spec.example_batch(self.scale, size, gen))
-            loss = _resolve(self.loss, "loss") if self.loss else spec.loss
+                (lambda size, gen: family.example_batch(self.scale, size, gen))
+            loss = _resolve(self.loss, "loss") if self.loss else family.loss
         else:
             model = _resolve(self.model, "model")(**self.options)
             if not isinstance(model, torch.nn.Module):
@@ -117,10 +117,10 @@ def step_method(method: ActivationMethod | None, policy, threshold: int) -> Acti
     if method is not None:
         if policy is not None:
             raise ValueError("give a step either method= (an activation method) or policy=, not both; "
-                             "for checkpointing with a codec use method=Checkpoint() + Codec(policy)")
+                             "for recomputation with a codec use method=Recompute() + Codec(policy)")
         if not isinstance(method, ActivationMethod):
             raise TypeError(f"method must be an activation method of hpcdl.runtime.methods (Plain, Codec, "
-                            f"Checkpoint, Offload or a combination), got {type(method).__name__}")
+                            f"Recompute, Offload or a combination), got {type(method).__name__}")
         return method
     policy = as_policy(policy)
     return Plain() if policy is None else Codec(policy, threshold)

@@ -3,7 +3,7 @@
 ``tiny`` is for tests and CPU studies (seconds per step), ``small`` for quick CPU
 training runs, ``full`` the published configuration (a GPU-node workload). The climate
 and HEP models' CPU scales take the shape of the committed data samples, so that
-``get(name, scale)`` trains on ``hpcdl.data.load_dataset(spec.default_dataset)``
+``get(name, scale)`` trains on ``hpcdl.data.load_dataset(family(name).default_dataset)``
 without arguments; their ``full`` scales take the published input shapes.
 """
 
@@ -13,7 +13,7 @@ import torch
 
 from hpcdl.models.climate import DeepLabV3Plus
 from hpcdl.models.hep import JetImageCNN, ParticleTransformer
-from hpcdl.models.registry import ModelSpec, Scale, register
+from hpcdl.models.registry import ModelFamily, Scale, register
 from hpcdl.models.text import GPT
 from hpcdl.models.vision import VGG16BN, AlexNet, ResNet, VisionTransformer
 
@@ -82,23 +82,23 @@ def _fixed(table: dict[str, Scale]):
     return lambda: table
 
 
-register(ModelSpec(
+register(ModelFamily(
     name="deeplabv3p-climate", task="segmentation", num_classes=3, scales=("tiny", "small", "full"),
     model_class=DeepLabV3Plus, scale_table=_climate_scales, default_dataset="climate-sample",
     description="DeepCAM-style DeepLabv3+ (atrous ResNet, ASPP, decoder): background / cyclone / atmospheric river",
 ))
-register(ModelSpec(
+register(ModelFamily(
     name="hep-cnn", task="classification", num_classes=2, scales=("tiny", "small", "full"),
     model_class=JetImageCNN, scale_table=_jet_image_scales, default_dataset="hep-sample",
     description="jet-image CNN in the HEP-CNN benchmark style: W jets vs QCD",
 ))
-register(ModelSpec(
+register(ModelFamily(
     name="particle-transformer", task="classification", num_classes=2, scales=("tiny", "small", "full"),
     model_class=ParticleTransformer, scale_table=_particle_scales, default_dataset="hep-sample",
     description="ParT-style transformer on zero-padded jet constituents: W jets vs QCD",
     make_input=particle_sets,
 ))
-register(ModelSpec(
+register(ModelFamily(
     name="alexnet", task="classification", num_classes=1000, scales=("tiny", "small", "full"),
     model_class=AlexNet, description="AlexNet (torchvision layout)",
     scale_table=_fixed({
@@ -107,7 +107,7 @@ register(ModelSpec(
         "full": Scale({}, (3, 224, 224)),
     }),
 ))
-register(ModelSpec(
+register(ModelFamily(
     name="vgg16-bn", task="classification", num_classes=1000, scales=("tiny", "small", "full"),
     model_class=VGG16BN, description="VGG-16 with BatchNorm",
     scale_table=_fixed({
@@ -117,7 +117,7 @@ register(ModelSpec(
     }),
 ))
 for _depth, _block, _layers in ((18, "basic", (2, 2, 2, 2)), (50, "bottleneck", (3, 4, 6, 3))):
-    register(ModelSpec(
+    register(ModelFamily(
         name=f"resnet{_depth}", task="classification", num_classes=1000, scales=("tiny", "small", "full"),
         model_class=ResNet, description=f"ResNet-{_depth}, ImageNet stem",
         scale_table=_fixed({
@@ -126,7 +126,7 @@ for _depth, _block, _layers in ((18, "basic", (2, 2, 2, 2)), (50, "bottleneck", 
             "full": Scale(dict(block=_block, layers=_layers), (3, 224, 224)),
         }),
     ))
-    register(ModelSpec(
+    register(ModelFamily(
         name=f"resnet{_depth}-cifar", task="classification", num_classes=10, scales=("tiny", "small", "full"),
         model_class=ResNet, description=f"ResNet-{_depth}, CIFAR stem (3x3, no pooling), 32x32 inputs",
         scale_table=_fixed({
@@ -135,7 +135,7 @@ for _depth, _block, _layers in ((18, "basic", (2, 2, 2, 2)), (50, "bottleneck", 
             "full": Scale(dict(block=_block, layers=_layers, num_classes=10, stem="cifar"), (3, 32, 32)),
         }),
     ))
-register(ModelSpec(
+register(ModelFamily(
     name="vit", task="classification", num_classes=1000, scales=("tiny", "small", "full"),
     model_class=VisionTransformer, description="Vision Transformer; full = ViT-B/16",
     scale_table=_fixed({
@@ -144,7 +144,7 @@ register(ModelSpec(
         "full": Scale({}, (3, 224, 224)),
     }),
 ))
-register(ModelSpec(
+register(ModelFamily(
     name="gpt", task="language", num_classes=50257, scales=("tiny", "small", "full"),
     model_class=GPT, input_dtype=torch.int64, description="GPT-style decoder; full = GPT-2 small",
     scale_table=_fixed({

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hpcdl.models.registry import ModelError, spec
+from hpcdl.models.registry import ModelError, family
 from hpcdl.runtime.classify import storage_key
 from hpcdl.runtime.observe import observe_saved
 
@@ -85,7 +85,7 @@ def measure(name: str, scale: str, device: str = "fake") -> ModelFootprint:
     ``"fake"`` (shapes only, see the module docstring) or a real torch device
     (``"cpu"``, ``"cuda"``) on which the model and batch are built and run.
     """
-    model_spec = spec(name)
+    model_family = family(name)
     if device == "fake":
         # Private but stable since PyTorch 2.0; tests compare it against real CPU steps.
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -95,20 +95,20 @@ def measure(name: str, scale: str, device: str = "fake") -> ModelFootprint:
         context, torch_device = contextlib.nullcontext(), _real_device(device)
     with context:
         with torch_device:
-            model = model_spec.build(scale)
+            model = model_family.build(scale)
         model.train()
         generator = torch.Generator().manual_seed(0)
         counts = []
         for batch_size in (1, 2):
-            x, y = model_spec.example_batch(scale, batch_size, generator)
-            counts.append(saved_bytes(model, x.to(torch_device), y.to(torch_device), model_spec.loss))
+            x, y = model_family.example_batch(scale, batch_size, generator)
+            counts.append(saved_bytes(model, x.to(torch_device), y.to(torch_device), model_family.loss))
             model.zero_grad(set_to_none=True)
         parameters = sum(p.numel() for p in model.parameters())
     return ModelFootprint(
         name=name,
         scale=scale,
         parameters=parameters,
-        input_shape=model_spec.input_shape(scale),
+        input_shape=model_family.input_shape(scale),
         activation_bytes_per_sample=counts[1].unique - counts[0].unique,
         saved_bytes_per_sample=counts[1].total - counts[0].total,
         device=device,

@@ -1,11 +1,14 @@
-"""The model registry: ``get(name, scale, **kw)``, ``spec(name)``, ``names()``.
+"""The model registry: ``get(name, scale, **kw)``, ``family(name)``, ``names()``.
 
-A :class:`ModelSpec` says everything a trainer, a memory study or a benchmark needs
+A :class:`ModelFamily` (one registered model at all its scales) says everything a trainer, a memory study or a benchmark needs
 to drive a model without knowing its class: the task, the input it takes at each
-scale, how to make a random batch of that input, the loss, and the blocks to wrap in
-gradient checkpointing. The built-in models register themselves from
+scale, how to make a random batch of that input, the loss, and the blocks to recompute in
+backward (PyTorch's activation checkpointing). The built-in models register themselves from
 :mod:`hpcdl.models.catalog`, which the package ``hpcdl.models`` imports (this module never imports it:
 the catalog depends on the registry, not the other way round).
+
+``ModelSpec`` and ``spec(name)`` are the old names of :class:`ModelFamily` and :func:`family`, kept for one
+release ("spec" in hpcdl now means only a method spec string such as ``"sz:rel=1e-2"``).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ class Scale:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """What a model is for and what it takes; see the module docstring.
+class ModelFamily:
+    """One registered model at all its scales: what it is for and what it takes; see the module docstring.
 
     ``scale_table`` returns {scale name: :class:`Scale`}; it is a function so that a model's
     scales are built only when asked for.
@@ -92,11 +95,11 @@ class ModelSpec:
     def blocks(self, model: nn.Module) -> list[nn.Module]:
         """The model's top-level blocks in execution order, each called once per forward.
 
-        Wrapping each block's forward in ``torch.utils.checkpoint`` gives gradient
-        checkpointing at block granularity; the blocks are disjoint.
+        Wrapping each block's forward in ``torch.utils.checkpoint`` recomputes its activations in
+        backward (activation checkpointing, the ``recompute`` method) block by block; the blocks are disjoint.
         """
         if not isinstance(model, self.model_class):
-            raise TypeError(f"spec {self.name!r} describes {self.model_class.__name__} models, got {type(model).__name__}")
+            raise TypeError(f"model family {self.name!r} describes {self.model_class.__name__} models, got {type(model).__name__}")
         return list(model.checkpoint_blocks())
 
     def example_batch(
@@ -128,15 +131,18 @@ class ModelSpec:
         return F.cross_entropy(output, target)
 
 
-_REGISTRY: dict[str, ModelSpec] = {}
+#: The old name of :class:`ModelFamily` (kept for one release).
+ModelSpec = ModelFamily
+
+_REGISTRY: dict[str, ModelFamily] = {}
 
 
-def register(model_spec: ModelSpec, *, replace: bool = False) -> ModelSpec:
+def register(model_family: ModelFamily, *, replace: bool = False) -> ModelFamily:
     """Add a model to the registry (built-ins register from :mod:`hpcdl.models.catalog`)."""
-    if model_spec.name in _REGISTRY and not replace:
-        raise ModelError(f"model {model_spec.name!r} is already registered; pass replace=True")
-    _REGISTRY[model_spec.name] = model_spec
-    return model_spec
+    if model_family.name in _REGISTRY and not replace:
+        raise ModelError(f"model {model_family.name!r} is already registered; pass replace=True")
+    _REGISTRY[model_family.name] = model_family
+    return model_family
 
 
 def names() -> list[str]:
@@ -144,13 +150,17 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
-def spec(name: str) -> ModelSpec:
-    """The :class:`ModelSpec` of ``name``; unknown names raise ModelError (a ValueError) listing the known ones."""
+def family(name: str) -> ModelFamily:
+    """The :class:`ModelFamily` of ``name``; unknown names raise ModelError (a ValueError) listing the known ones."""
     if name not in _REGISTRY:
         raise ModelError(f"unknown model {name!r}; known models: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
 
 
+#: The old name of :func:`family` (kept for one release).
+spec = family
+
+
 def get(name: str, scale: str = "small", **kw) -> nn.Module:
     """A freshly initialised model ``name`` at ``scale``; ``kw`` override constructor arguments (e.g. in_channels)."""
-    return spec(name).build(scale, **kw)
+    return family(name).build(scale, **kw)

@@ -5,8 +5,10 @@ An activation method decides what autograd keeps for backward while a forward ru
 - :class:`Plain` (``none``): plain autograd, the baseline;
 - :class:`Codec` (``codec``): the saved tensors compressed by a :class:`~hpcdl.runtime.policy.Policy`
   through :func:`hpcdl.runtime.session.compressed`;
-- :class:`Checkpoint` (``checkpoint``): each given block recomputed in backward
-  (``torch.utils.checkpoint``, non-reentrant) instead of saving its activations;
+- :class:`Recompute` (``recompute``): each given block recomputed in backward
+  (``torch.utils.checkpoint``, non-reentrant) instead of saving its activations: what PyTorch calls
+  activation (or gradient) checkpointing. ``Checkpoint`` and the name ``checkpoint`` are its old
+  spellings, kept for one release (a training checkpoint is the saved run state, :mod:`hpcdl.train.checkpoint`);
 - :class:`Offload` (``offload``): saved tensors moved to pinned host memory
   (``torch.autograd.graph.save_on_cpu``); CUDA only.
 
@@ -16,7 +18,7 @@ training), :meth:`ActivationMethod.context` is the context a forward runs in and
 :meth:`ActivationMethod.observe_gradients` runs once the gradients are final, only for a method whose
 :meth:`ActivationMethod.wants_gradients` says so (a Codec whose policy's controller asks for
 gradient statistics). Methods compose like PyTorch's memory context managers:
-``Checkpoint(blocks) + Codec(policy)`` checkpoints the blocks and compresses what the checkpointed
+``Recompute(blocks) + Codec(policy)`` recomputes the blocks and compresses what the recomputing
 model still saves (the non-reentrant checkpoint saves each block's inputs outside its own hooks, so
 the session's hooks pack them) and everything outside the blocks.
 
@@ -24,7 +26,7 @@ Why here, in the runtime layer: the trainer (``hpcdl.train``) and the measuremen
 (``hpcdl.memory``) must both run exactly this step, and ``hpcdl.memory`` sits below the trainer,
 so the step cannot live in ``hpcdl.train``. The methods are contexts over autograd's saved
 tensors, which is what the runtime owns (the session is one of them); they need nothing above the
-runtime: the blocks to checkpoint are passed in (a list or a function of the model), so this
+runtime: the blocks to recompute are passed in (a list or a function of the model), so this
 module does not import ``hpcdl.models``. Every method is picklable when its parts are (module-level
 functions, policies), so a measuring subprocess can rebuild the step.
 """
@@ -46,7 +48,7 @@ from hpcdl.runtime.stats import Stats
 class ActivationMethod:
     """The interface every activation method implements; see the module docstring.
 
-    ``name`` is the method's config name (``none``, ``codec``, ``checkpoint``, ``offload``, or
+    ``name`` is the method's config name (``none``, ``codec``, ``recompute``, ``offload``, or
     parts joined by ``+``). ``hooks_saved_tensors`` is True for methods that install
     ``saved_tensors_hooks`` (only the innermost pair applies, so a combination holds at most one).
     """
@@ -131,31 +133,33 @@ class Codec(ActivationMethod):
 
 
 def model_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The blocks a zoo model names through its ``checkpoint_blocks()`` (what ``ModelSpec.blocks`` returns)."""
+    """The blocks a zoo model names through its ``checkpoint_blocks()`` (what ``ModelFamily.blocks`` returns)."""
     blocks = getattr(model, "checkpoint_blocks", None)
     if blocks is None:
-        raise ValueError(f"{type(model).__name__} has no checkpoint_blocks(); pass Checkpoint(blocks=...) the modules "
+        raise ValueError(f"{type(model).__name__} has no checkpoint_blocks(); pass Recompute(blocks=...) the modules "
                          "to recompute (a list, or a function of the model returning one)")
     return list(blocks())
 
 
 @dataclass(eq=False)
-class Checkpoint(ActivationMethod):
-    """``checkpoint``: each block's forward recomputed in backward instead of saving its activations.
+class Recompute(ActivationMethod):
+    """``recompute``: each block's forward recomputed in backward instead of saving its activations.
+
+    PyTorch's activation (gradient) checkpointing at block granularity; ``Checkpoint`` is its old name.
 
     ``blocks`` is a list of modules of the model, or a function ``model -> list of modules`` (default
-    :func:`model_blocks`; pass ``ModelSpec.blocks`` for a zoo model). The blocks are wrapped only
+    :func:`model_blocks`; pass ``ModelFamily.blocks`` for a zoo model). The blocks are wrapped only
     while the context is open, so the model is left as it was (evaluation runs it plainly).
     """
 
     blocks: Sequence[torch.nn.Module] | Callable[[torch.nn.Module], Sequence[torch.nn.Module]] = model_blocks
 
-    name = "checkpoint"
+    name = "recompute"
 
     def _blocks_of(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         blocks = list(self.blocks(model) if callable(self.blocks) else self.blocks)
         if not blocks:
-            raise ValueError(f"Checkpoint found no blocks to recompute in {type(model).__name__}; pass blocks=...")
+            raise ValueError(f"Recompute found no blocks to recompute in {type(model).__name__}; pass blocks=...")
         return blocks
 
     def prepare(self, model: torch.nn.Module) -> None:
@@ -184,9 +188,13 @@ class Checkpoint(ActivationMethod):
                     del block.forward
 
     def __eq__(self, other) -> bool:
-        return type(other) is Checkpoint and other.blocks is self.blocks
+        return type(other) is Recompute and other.blocks is self.blocks
 
     __hash__ = object.__hash__
+
+
+#: The old name of :class:`Recompute` (kept for one release): activation recomputation, not a training checkpoint.
+Checkpoint = Recompute
 
 
 @dataclass(eq=False)
@@ -202,7 +210,7 @@ class Offload(ActivationMethod):
         devices = {parameter.device.type for parameter in model.parameters()}
         if devices != {"cuda"}:
             raise ValueError("compression.method: offload moves saved activations from GPU to pinned host memory "
-                             "and needs CUDA; on a CPU use none, codec or checkpoint")
+                             "and needs CUDA; on a CPU use none, codec or recompute")
 
     def context(self, model: torch.nn.Module):
         return torch.autograd.graph.save_on_cpu(pin_memory=self.pin_memory)
@@ -222,7 +230,7 @@ class Combined(ActivationMethod):
         hooking = [part.name for part in flat if part.hooks_saved_tensors]
         if len(hooking) > 1:
             raise ValueError(f"{' and '.join(hooking)} both hook autograd's saved tensors and only the innermost hooks "
-                             "apply, so they cannot combine; combine checkpoint with one of them")
+                             "apply, so they cannot combine; combine recompute with one of them")
         self.methods = tuple(flat)
         self.hooks_saved_tensors = bool(hooking)
         self.name = "+".join(kinds) or "none"
@@ -262,13 +270,13 @@ class Combined(ActivationMethod):
 
 def _checked(method) -> ActivationMethod:
     if not isinstance(method, ActivationMethod):
-        raise TypeError(f"methods combine with other activation methods (Plain, Codec, Checkpoint, Offload), "
+        raise TypeError(f"methods combine with other activation methods (Plain, Codec, Recompute, Offload), "
                         f"got {type(method).__name__}")
     return method
 
 
 def compose(*methods: ActivationMethod) -> ActivationMethod:
-    """One method doing all of ``methods``: e.g. ``compose(Checkpoint(blocks), Codec(policy))``."""
+    """One method doing all of ``methods``: e.g. ``compose(Recompute(blocks), Codec(policy))``."""
     combined = Combined(methods)
     if not combined.methods:
         return Plain()

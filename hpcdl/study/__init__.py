@@ -8,7 +8,7 @@ with PNG plots. The command line is ``hpcdl study run|report``.
 from hpcdl.study.methods import Method, parse_method, parse_methods
 from hpcdl.study.report import write_report
 from hpcdl.study.results import append_record, read_results
-from hpcdl.study.sweep import RunSpec, parse_shard, plan_sweep, run_sweep, shard
+from hpcdl.study.sweep import PlannedRun, RunSpec, parse_shard, plan_sweep, run_sweep, shard
 
-__all__ = ["Method", "RunSpec", "append_record", "parse_method", "parse_methods", "parse_shard", "plan_sweep",
-           "read_results", "run_sweep", "shard", "write_report"]
+__all__ = ["Method", "PlannedRun", "RunSpec", "append_record", "parse_method", "parse_methods", "parse_shard",
+           "plan_sweep", "read_results", "run_sweep", "shard", "write_report"]

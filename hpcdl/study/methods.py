@@ -4,8 +4,10 @@ A method is one way of holding the activations autograd saves for backward:
 
 ``baseline``
     nothing done (``compression.method=none``).
-``checkpoint``
-    torch.utils.checkpoint over the model's blocks (``compression.method=checkpoint``).
+``recompute``
+    each of the model's blocks recomputed in backward instead of saving its activations
+    (torch.utils.checkpoint, PyTorch's activation checkpointing; ``compression.method=recompute``).
+    ``checkpoint``, its old name, still parses to the same method (named ``recompute``).
 ``offload``
     torch.autograd.graph.save_on_cpu (``compression.method=offload``); needs a GPU.
 ``ID[:OPTIONS]``
@@ -26,14 +28,14 @@ from dataclasses import dataclass
 import yaml
 
 from hpcdl.errors import HpcdlError
-from hpcdl.train.config import LEGACY_CODEC_KEYS
+from hpcdl.train.config import LEGACY_CODEC_KEYS, METHOD_ALIASES
 
 
 class MethodSpecError(HpcdlError, ValueError):
     """A study method spec that names no method, or a list of them that repeats one."""
 
 
-TRAINER_METHODS = {"baseline": "none", "checkpoint": "checkpoint", "offload": "offload"}
+TRAINER_METHODS = {"baseline": "none", "recompute": "recompute", "offload": "offload"}
 #: Deprecated (one release): the codec keys the trainer's old flat ``compression`` section held. A method
 #: spec now carries any option of its codec, as ``compression.codec``; nothing reads this list.
 CODEC_CONFIG_KEYS = LEGACY_CODEC_KEYS
@@ -41,7 +43,7 @@ CODEC_CONFIG_KEYS = LEGACY_CODEC_KEYS
 
 @dataclass(frozen=True)
 class Method:
-    """A parsed method spec: ``kind`` is baseline, checkpoint, offload or codec; ``codec`` its codec config."""
+    """A parsed method spec: ``kind`` is baseline, recompute, offload or codec; ``codec`` its codec config."""
 
     spec: str
     kind: str
@@ -81,7 +83,7 @@ def parse_method(spec: str) -> Method:
     """Parse one method spec (see the module docstring); bad specs raise MethodSpecError (a ValueError) saying what is valid."""
     if not isinstance(spec, str) or not spec.strip():
         raise MethodSpecError(f"a method spec is a non-empty string such as 'baseline' or 'sz:rel=1e-2', got {spec!r}")
-    spec = spec.strip()
+    spec = METHOD_ALIASES.get(spec.strip(), spec.strip())
     if spec in TRAINER_METHODS:
         return Method(spec=spec, kind=spec)
     from hpcdl.runtime.policy import config_from_spec
@@ -119,5 +121,5 @@ def parse_methods(specs: str | list[str | Method]) -> list[Method]:
             raise MethodSpecError(f"methods {seen[key]!r} and {method.spec!r} are the same method; list it once")
         seen[key] = method.spec
     if not methods:
-        raise MethodSpecError("no methods given; e.g. --methods baseline,sz:rel=1e-2,checkpoint")
+        raise MethodSpecError("no methods given; e.g. --methods baseline,sz:rel=1e-2,recompute")
     return methods

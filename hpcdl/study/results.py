@@ -4,6 +4,9 @@ Each line is written with a single ``os.write`` on an ``O_APPEND`` descriptor an
 next run starts, so a crash loses at most the run in progress. A process killed in the middle of a
 write can leave one truncated last line; :func:`read_results` reports it (``Results.truncated``)
 and :func:`append_record` starts the next record on a fresh line, so the finished lines stay intact.
+
+Records written before a method was renamed (``checkpoint``, now ``recompute``) are read under the
+current name, so a report groups them with the new runs; the file itself is never rewritten.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from hpcdl.train.config import METHOD_ALIASES
 
 RESULTS_NAME = "results.jsonl"
 FINISHED_STATUSES = ("ok", "skipped")
@@ -91,16 +96,25 @@ def read_results(out: str | os.PathLike) -> Results:
             if not line.strip():
                 continue
             try:
-                parsed.records.append(json.loads(line))
+                parsed.records.append(_current_names(json.loads(line)))
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}: line {number} is not valid JSON ({err}); the file was edited or "
                                  "corrupted") from err
         if lines[-1].strip():
             try:
-                parsed.records.append(json.loads(lines[-1]))
+                parsed.records.append(_current_names(json.loads(lines[-1])))
             except json.JSONDecodeError:
                 parsed.truncated[str(path)] = lines[-1]
     return parsed
+
+
+def _current_names(record):
+    """``record`` with an old method name (``method``, ``method_kind``: ``checkpoint``) replaced by the current one."""
+    if isinstance(record, dict):
+        for key in ("method", "method_kind"):
+            if isinstance(record.get(key), str):
+                record[key] = METHOD_ALIASES.get(record[key], record[key])
+    return record
 
 
 def _finite_or_none(value):

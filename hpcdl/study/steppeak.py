@@ -24,10 +24,15 @@ def fixed_batch(x: torch.Tensor, y: torch.Tensor, batch_size: int, generator) ->
     return x[:batch_size], y[:batch_size]
 
 
-def spec_loss(model: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def model_loss(model: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The registered loss of zoo model ``model`` (a module-level function, so a measuring subprocess can pickle it)."""
     import hpcdl.models
 
-    return hpcdl.models.spec(model).loss(output, target)
+    return hpcdl.models.family(model).loss(output, target)
+
+
+#: The old name of :func:`model_loss` (kept for one release).
+spec_loss = model_loss
 
 
 def step_setup(config: dict, model_options: dict, batch: tuple[torch.Tensor, torch.Tensor], device: str,
@@ -40,7 +45,7 @@ def step_setup(config: dict, model_options: dict, batch: tuple[torch.Tensor, tor
     name, scale = config["model"]["name"], config["model"]["scale"]
     x, y = batch
     workload = Workload(name, scale, dict(model_options), batch=functools.partial(fixed_batch, x, y),
-                        loss=functools.partial(spec_loss, name))
+                        loss=functools.partial(model_loss, name))
     return TrainStep(workload, batch_size=len(x), device=device, seed=config["train"]["seed"],
                      method=activation_method(config["compression"]),
                      optimizer=optimizer_factory(config["optimizer"], global_batch))

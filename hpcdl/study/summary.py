@@ -93,9 +93,12 @@ def summarise_model(runs: list[dict], step_peaks: dict[str, dict] | None = None)
         summary = MethodSummary(method=name, kind=mine[0]["method_kind"])
         summary.skipped = sorted({run.get("reason", "") for run in mine if run["status"] == "skipped"})
         summary.failed = sorted({run.get("error", "") for run in mine if run["status"] == "failed"})
-        done = sorted((run for run in mine if run["status"] == "ok"), key=lambda run: run["seed"])
+        # One run per seed, the last in the file (as for the baseline): an old and a new record of the
+        # same method and seed (a renamed method, an edited base config) count once.
+        latest = {run["seed"]: run for run in mine if run["status"] == "ok"}
+        done = [latest[seed] for seed in sorted(latest)]
         summary.seeds = [run["seed"] for run in done]
-        # Only a codec packs what autograd saves; the baseline holds it all (1x by definition), checkpoint and
+        # Only a codec packs what autograd saves; the baseline holds it all (1x by definition), recompute and
         # offload save memory otherwise and are compared by their peak.
         if summary.kind == "codec":
             summary.activation_ratio = Spread.of([run.get("activation_ratio") for run in done])

@@ -30,8 +30,8 @@ RECORD_VERSION = 1
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """One run of a sweep: a model at a scale, trained with one method from one seed."""
+class PlannedRun:
+    """One run of a sweep, planned (not yet run): a model at a scale, trained with one method from one seed."""
 
     model: str
     scale: str
@@ -88,6 +88,10 @@ class RunSpec:
         return f"{self.model}/{self.scale} {self.method.spec} seed={self.seed}"
 
 
+#: The old name of :class:`PlannedRun` (kept for one release).
+RunSpec = PlannedRun
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """``"i/n"`` -> (i, n) with 0 <= i < n; i counts from 0, as Slurm array task ids 0..n-1 do."""
     try:
@@ -99,7 +103,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def shard(runs: list[RunSpec], index: int, count: int) -> list[RunSpec]:
+def shard(runs: list[PlannedRun], index: int, count: int) -> list[PlannedRun]:
     """Every ``count``-th run from ``index``: the shards are disjoint, their union is ``runs``, sizes differ by <= 1."""
     return runs[index::count]
 
@@ -134,7 +138,7 @@ def base_config_for(model: str) -> str:
 
 def plan_sweep(models: list[str], methods: str | list[str | Method], seeds: list[int], epochs: int,
                batch: int | str | None = None, scale: str | None = None, steps_per_epoch: int | None = None,
-               base_config: str | None = None, extra: list[str] = ()) -> list[RunSpec]:
+               base_config: str | None = None, extra: list[str] = ()) -> list[PlannedRun]:
     """Every (model, seed, method) run, in that nesting order; ``scale=None`` takes each model's smallest scale."""
     import hpcdl.models
 
@@ -145,14 +149,14 @@ def plan_sweep(models: list[str], methods: str | list[str | Method], seeds: list
     parsed = parse_methods(methods)
     runs = []
     for model in models:
-        spec = hpcdl.models.spec(model)
-        model_scale = scale or spec.scales[0]
-        if model_scale not in spec.scales:
-            raise ValueError(f"model {model!r} has no scale {model_scale!r}; its scales are {list(spec.scales)}")
+        family = hpcdl.models.family(model)
+        model_scale = scale or family.scales[0]
+        if model_scale not in family.scales:
+            raise ValueError(f"model {model!r} has no scale {model_scale!r}; its scales are {list(family.scales)}")
         base = base_config or base_config_for(model)
         for seed in seeds:
             for method in parsed:
-                run = RunSpec(model=model, scale=model_scale, method=method, seed=int(seed), epochs=epochs,
+                run = PlannedRun(model=model, scale=model_scale, method=method, seed=int(seed), epochs=epochs,
                               batch=batch, base_config=base, steps_per_epoch=steps_per_epoch, extra=tuple(extra))
                 runs.append(dataclasses.replace(run, config_digest=config_digest(_resolve_config(run))))
     return runs
@@ -163,7 +167,7 @@ def config_digest(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _resolve_config(run: RunSpec) -> dict:
+def _resolve_config(run: PlannedRun) -> dict:
     from hpcdl.train import load_config
 
     base = {"model": {"name": run.model}} if run.base_config == TRAINER_DEFAULTS else run.base_config
@@ -194,7 +198,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _base_record(run: RunSpec, status: str) -> dict:
+def _base_record(run: PlannedRun, status: str) -> dict:
     return {
         "kind": "run",
         "record_version": RECORD_VERSION,
@@ -228,7 +232,7 @@ def _first_step_loss(run_dir: Path) -> float | None:
 STATS_BATCH = 8
 
 
-def activation_stats_record(run: RunSpec) -> dict:
+def activation_stats_record(run: PlannedRun) -> dict:
     """Per-module statistics of what the model saves for backward, at initialisation, on real training samples.
 
     The model and data are built as the trainer builds them for ``run`` (same seed, so the same initial
@@ -244,20 +248,20 @@ def activation_stats_record(run: RunSpec) -> dict:
               "seed": run.seed}
     try:
         config = _resolve_config(run)
-        spec = hpcdl.models.spec(run.model)
-        train_set, _ = datasets(config, spec)
+        family = hpcdl.models.family(run.model)
+        train_set, _ = datasets(config, family)
         torch.manual_seed(run.seed)
-        model = spec.build(run.scale, **model_options(config, spec, train_set))
+        model = family.build(run.scale, **model_options(config, family, train_set))
         count = min(len(train_set), STATS_BATCH)
         inputs = torch.stack([train_set[index][0] for index in range(count)])
-        record.update(samples=count, dataset=config["data"]["dataset"] or spec.default_dataset,
+        record.update(samples=count, dataset=config["data"]["dataset"] or family.default_dataset,
                       modules=capture_activation_stats(model, inputs))
     except Exception as err:  # the statistics are an extra: their failure is recorded, the sweep goes on
         record["error"] = f"{type(err).__name__}: {err}"
     return record
 
 
-def step_peak_record(run: RunSpec, record: dict, process) -> dict:
+def step_peak_record(run: PlannedRun, record: dict, process) -> dict:
     """One step of ``run``'s model, per-device batch and method, measured alone (see :mod:`hpcdl.study.steppeak`)."""
     import torch
 
@@ -271,7 +275,7 @@ def step_peak_record(run: RunSpec, record: dict, process) -> dict:
             "per_device_batch": record["per_device_batch"]}
     try:
         config = record["config"]
-        train_set, _ = datasets(config, hpcdl.models.spec(run.model))
+        train_set, _ = datasets(config, hpcdl.models.family(run.model))
         samples = [train_set[index] for index in range(min(len(train_set), record["per_device_batch"]))]
         batch = (torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples]))
         device = "cuda" if record["device"]["type"] == "cuda" else "cpu"
@@ -285,7 +289,7 @@ def step_peak_record(run: RunSpec, record: dict, process) -> dict:
     return peak
 
 
-def measure_step_peaks(runs: list[RunSpec], out: Path, shard: tuple[int, int], progress: bool) -> int:
+def measure_step_peaks(runs: list[PlannedRun], out: Path, shard: tuple[int, int], progress: bool) -> int:
     """Measure the single-step peak of every finished (ok) run not yet measured; return how many."""
     from tqdm import tqdm
 
@@ -303,7 +307,7 @@ def measure_step_peaks(runs: list[RunSpec], out: Path, shard: tuple[int, int], p
     return len(todo)
 
 
-def execute(run: RunSpec, out: Path, progress: bool = True) -> dict:
+def execute(run: PlannedRun, out: Path, progress: bool = True) -> dict:
     """Run one sweep entry through the trainer and return its results record (status ok, skipped or failed)."""
     import torch
 
@@ -348,7 +352,7 @@ def execute(run: RunSpec, out: Path, progress: bool = True) -> dict:
     return record
 
 
-def run_sweep(runs: list[RunSpec], out: str | os.PathLike, progress: bool = True, retry_failed: bool = False,
+def run_sweep(runs: list[PlannedRun], out: str | os.PathLike, progress: bool = True, retry_failed: bool = False,
               shard: tuple[int, int] = (0, 1)) -> SweepSummary:
     """Run every run of ``runs`` not finished in ``out``'s results files, appending one line each.
 

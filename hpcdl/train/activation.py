@@ -1,16 +1,16 @@
 """The activation method a config's ``compression`` section names, as a :mod:`hpcdl.runtime.methods` object.
 
 The trainer, its measured batch search and the study build the method here, so ``compression.method``
-means one thing everywhere: ``none`` -> Plain, ``codec`` -> Codec(policy), ``checkpoint`` ->
-Checkpoint(the model's blocks), ``offload`` -> Offload, ``checkpoint+codec`` / ``checkpoint+offload``
--> their composition.
+means one thing everywhere: ``none`` -> Plain, ``codec`` -> Codec(policy), ``recompute`` ->
+Recompute(the model's blocks), ``offload`` -> Offload, ``recompute+codec`` / ``recompute+offload``
+-> their composition. (The old spelling ``checkpoint`` is translated to ``recompute`` when the config is read.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from hpcdl.runtime.methods import ActivationMethod, Checkpoint, Codec, Offload, Plain, compose, model_blocks
+from hpcdl.runtime.methods import ActivationMethod, Codec, Offload, Plain, Recompute, compose, model_blocks
 from hpcdl.train.config import method_parts
 
 
@@ -32,7 +32,7 @@ def session_kwargs(compression: dict) -> dict:
 
 
 def method_name(compression: dict) -> str:
-    """The method as a run records it: ``none``, ``codec:<spec>``, ``checkpoint``, ``checkpoint+codec:<spec>``..."""
+    """The method as a run records it: ``none``, ``codec:<spec>``, ``recompute``, ``recompute+codec:<spec>``..."""
     from hpcdl.runtime.policy import spec_from_config
 
     return "+".join(f"codec:{spec_from_config(compression['codec'])}" if part == "codec" else part
@@ -42,7 +42,7 @@ def method_name(compression: dict) -> str:
 def activation_method(compression: dict, blocks: Callable = model_blocks, policy=None) -> ActivationMethod:
     """The method object of a resolved ``compression`` section.
 
-    ``blocks`` finds the blocks ``checkpoint`` recomputes (e.g. ``ModelSpec.blocks``; the default asks
+    ``blocks`` finds the blocks ``recompute`` recomputes (e.g. ``ModelFamily.blocks``; the default asks
     the model's ``checkpoint_blocks()`` and pickles, for a measuring subprocess). ``policy``: the
     Policy to compress with (the trainer passes the one it checkpoints); default built from the section.
     """
@@ -51,8 +51,8 @@ def activation_method(compression: dict, blocks: Callable = model_blocks, policy
         if part == "codec":
             parts.append(Codec(policy if policy is not None else compression_policy(compression),
                                **session_kwargs(compression)))
-        elif part == "checkpoint":
-            parts.append(Checkpoint(blocks))
+        elif part == "recompute":
+            parts.append(Recompute(blocks))
         elif part == "offload":
             parts.append(Offload())
         else:

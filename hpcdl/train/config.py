@@ -53,6 +53,7 @@ class Field:
     maximum: float | None = None
     nullable: bool = False
     also: tuple = ()  # string values accepted besides the kind, e.g. ("auto",) for train.batch
+    aliases: tuple = ()  # (old spelling, current value) pairs: an old value is read as the current one
     help: str = ""
 
     @property
@@ -60,8 +61,19 @@ class Field:
         return self.default is _MISSING
 
 
-#: ``compression.method`` values: one method, or checkpointing combined with the one saved-tensor hook method.
-COMPRESSION_METHODS = ("none", "codec", "checkpoint", "offload", "checkpoint+codec", "checkpoint+offload")
+#: ``compression.method`` values: one method, or ``recompute`` (activation recomputation, PyTorch's activation or
+#: gradient checkpointing) combined with the one saved-tensor hook method.
+COMPRESSION_METHODS = ("none", "codec", "recompute", "offload", "recompute+codec", "recompute+offload")
+
+#: Old spellings of activation method names, still read (one release): ``checkpoint`` was ``recompute``'s name,
+#: which the ``checkpoint`` section (training checkpoints, the saved run state) also used.
+METHOD_ALIASES = {"checkpoint": "recompute"}
+
+
+def canonical_method(method: str) -> str:
+    """``method`` (a ``compression.method`` value) with old part names written the current way:
+    ``checkpoint+codec`` -> ``recompute+codec``; any other string comes back unchanged."""
+    return "+".join(METHOD_ALIASES.get(part, part) for part in method.split("+"))
 
 
 #: The codec a ``compression.codec`` mapping without an ``id`` means (and the default codec).
@@ -74,7 +86,7 @@ LEGACY_CODEC_KEYS = ("id", "mode", "bound", "bits", "dtype", "group_size")
 
 
 def method_parts(compression: dict) -> tuple[str, ...]:
-    """The methods a resolved ``compression`` section combines: ``checkpoint+codec`` -> (checkpoint, codec)."""
+    """The methods a resolved ``compression`` section combines: ``recompute+codec`` -> (recompute, codec)."""
     return tuple(compression["method"].split("+"))
 
 
@@ -126,7 +138,10 @@ SCHEMA: dict[str, Any] = {
     },
     "compression": {
         "method": Field("str", "none", choices=COMPRESSION_METHODS,
-                        help="what autograd keeps for backward; checkpoint+X checkpoints the blocks and applies X"),
+                        aliases=tuple((old, canonical_method(old)) for old in ("checkpoint", "checkpoint+codec",
+                                                                               "checkpoint+offload")),
+                        help="what autograd keeps for backward; recompute+X recomputes the blocks in backward "
+                             "and applies X to what they still save (checkpoint: the old name of recompute)"),
         "codec": Field("codec", {"id": DEFAULT_CODEC_ID},
                        help="the codec of method: codec, one mapping checked by the codec itself, e.g. "
                             "{id: sz, mode: rel, bound: 1e-2}; without an id it changes the options of the "
@@ -231,6 +246,8 @@ def _check_value(path: str, field: Field, value: Any) -> Any:
             value = parse_bytes(value)
         except (ValueError, TypeError) as err:
             raise ConfigError(f"config key {path!r}: {err}") from None
+    if field.aliases and isinstance(value, str):
+        value = dict(field.aliases).get(value, value)
     if field.choices and value not in field.choices:
         raise ConfigError(f"config key {path!r} must be one of {list(field.choices)}, got {value!r}"
                           + (_suggest(value, list(field.choices), what="valid values") if isinstance(value, str) else ""))
@@ -250,16 +267,16 @@ def _validate_section(raw: dict, schema: dict, path: str) -> dict:
         if key not in schema:
             raise _unknown_key(path, str(key), schema)
     resolved = {}
-    for key, spec in schema.items():
+    for key, entry in schema.items():
         full = f"{path}.{key}" if path else key
-        if isinstance(spec, dict):
-            resolved[key] = _validate_section(raw.get(key) or {}, spec, full)
+        if isinstance(entry, dict):
+            resolved[key] = _validate_section(raw.get(key) or {}, entry, full)
         elif key in raw:
-            resolved[key] = _check_value(full, spec, raw[key])
-        elif spec.required:
-            raise ConfigError(f"config key {full!r} is required ({spec.help or spec.kind})")
+            resolved[key] = _check_value(full, entry, raw[key])
+        elif entry.required:
+            raise ConfigError(f"config key {full!r} is required ({entry.help or entry.kind})")
         else:
-            resolved[key] = copy.deepcopy(spec.default)
+            resolved[key] = copy.deepcopy(entry.default)
     return resolved
 
 
@@ -302,7 +319,7 @@ def _check_cross_fields(config: dict) -> None:
             compression["per_module"][pattern] = codec = _codec_numbers(codec)
             check_codec_config(f"compression.per_module.{pattern}", codec)
     elif compression["per_module"]:
-        raise ConfigError("config key 'compression.per_module' applies only to compression.method: codec (or checkpoint+codec), "
+        raise ConfigError("config key 'compression.per_module' applies only to compression.method: codec (or recompute+codec), "
                           f"not {compression['method']!r}")
 
 

@@ -7,12 +7,12 @@ samples) build both the same way.
 from __future__ import annotations
 
 
-def datasets(config: dict, spec):
+def datasets(config: dict, family):
     """(train, val) datasets: a named/path dataset, or synthetic batches of the model's input shape."""
     data = config["data"]
-    name = data["dataset"] or spec.default_dataset
+    name = data["dataset"] or family.default_dataset
     if name is None:
-        raise ValueError(f"model {spec.name!r} has no default dataset; set data.dataset to a dataset name or path, "
+        raise ValueError(f"model {family.name!r} has no default dataset; set data.dataset to a dataset name or path, "
                          "or to 'synthetic' for random batches (memory and speed only)")
     from hpcdl.data import RANDOM_DATASETS, load_dataset
 
@@ -24,7 +24,7 @@ def datasets(config: dict, spec):
             from hpcdl.data.synthetic import SyntheticDataset
 
             scale = config["model"]["scale"]
-            return SyntheticDataset(spec, scale, size, seed), SyntheticDataset(spec, scale, val_size, seed + 1)
+            return SyntheticDataset(family, scale, size, seed), SyntheticDataset(family, scale, val_size, seed + 1)
         return load_dataset(name, length=size, seed=seed), load_dataset(name, length=val_size, seed=seed + 1)
     options = {"val_fraction": data["val_fraction"]}
     if data["features"] is not None:
@@ -32,11 +32,11 @@ def datasets(config: dict, spec):
     return (load_dataset(name, split="train", **options), load_dataset(name, split="val", **options))
 
 
-def model_options(config: dict, spec, train_set) -> dict:
+def model_options(config: dict, family, train_set) -> dict:
     """Constructor overrides: the configured ones, plus the data's channel count for the climate model."""
     options = dict(config["model"]["options"])
     info = getattr(train_set, "info", None) or {}
     shape = info.get("input_shape")
-    if shape and spec.task == "segmentation" and "in_channels" not in options:
+    if shape and family.task == "segmentation" and "in_channels" not in options:
         options["in_channels"] = int(shape[0])
     return options

@@ -10,12 +10,13 @@ runs under the configured activation method (an object of
 - ``none``: plain autograd (the baseline);
 - ``codec``: inside ``hpcdl.compressed(model, policy)``, which compresses what
   autograd saves with the configured codec;
-- ``checkpoint``: each of the model's blocks (``ModelSpec.blocks``) recomputed
-  in backward (``torch.utils.checkpoint``, non-reentrant);
+- ``recompute``: each of the model's blocks (``ModelFamily.blocks``) recomputed
+  in backward (``torch.utils.checkpoint``, non-reentrant; PyTorch's activation
+  checkpointing, once spelled ``checkpoint`` here);
 - ``offload``: saved tensors moved to pinned host memory
   (``torch.autograd.graph.save_on_cpu``), CUDA only;
-- ``checkpoint+codec``, ``checkpoint+offload``: the blocks checkpointed, and what
-  the checkpointed model still saves (block inputs, the rest) compressed or offloaded.
+- ``recompute+codec``, ``recompute+offload``: the blocks recomputed, and what
+  the recomputing model still saves (block inputs, the rest) compressed or offloaded.
 
 The step itself is :func:`hpcdl.runtime.methods.train_step`, the same function
 the batch search (:mod:`hpcdl.memory`) measures, with this run's optimizer.
@@ -42,7 +43,7 @@ from hpcdl.memory.peak import PeakMemory
 from hpcdl.runtime import methods
 from hpcdl.train import checkpoint as ckpt
 from hpcdl.train.activation import activation_method, compression_policy, method_name
-from hpcdl.train.config import check_run_name, load_config
+from hpcdl.train.config import canonical_method, check_run_name, load_config
 from hpcdl.train.evaluate import ValidationSums
 from hpcdl.train.inputs import datasets, model_options
 from hpcdl.train.optim import build_optimizer, build_scheduler, optimizer_factory
@@ -74,7 +75,7 @@ class RunResult:
     world_size: int
     rank: int  # of the process that returned this result; rank 0 wrote the run directory
     steps: int
-    method: str  # "none", "codec:<spec>", "checkpoint" or "offload"
+    method: str  # "none", "codec:<spec>", "recompute" or "offload"
     resumed_from_step: int | None = None
     config: dict = field(default_factory=dict)
     model_options: dict = field(default_factory=dict)  # constructor arguments the model was built with
@@ -155,11 +156,11 @@ class _Run:
         self.start = time.perf_counter()
         self.backend = init_backend(config["distributed"]["backend"])
         rank, size = self.backend.rank, self.backend.size
-        self.spec = models.spec(config["model"]["name"])
+        self.family = models.family(config["model"]["name"])
         scale = config["model"]["scale"]
-        self.spec.scale(scale)  # unknown scale: the registry's error, before any data is read
-        self.train_set, self.val_set = datasets(config, self.spec)
-        self.model_options = options = model_options(config, self.spec, self.train_set)
+        self.family.scale(scale)  # unknown scale: the registry's error, before any data is read
+        self.train_set, self.val_set = datasets(config, self.family)
+        self.model_options = options = model_options(config, self.family, self.train_set)
 
         batch, self.batch_search = config["train"]["batch"], None
         if batch == "auto":
@@ -171,11 +172,11 @@ class _Run:
         self.per_device = self.global_batch // size
 
         torch.manual_seed(config["train"]["seed"])  # same initial weights on every rank and for every method
-        self.model = self.spec.build(scale, **options).to(self.backend.device)
+        self.model = self.family.build(scale, **options).to(self.backend.device)
         compression = config["compression"]
         self.method = method_name(compression)
         self.policy = compression_policy(compression)
-        self.activation = activation_method(compression, self.spec.blocks, self.policy)
+        self.activation = activation_method(compression, self.family.blocks, self.policy)
         self.activation.prepare(self.model)
 
         self.loader = ShardedLoader(self.train_set, self.per_device, rank=rank, world_size=size,
@@ -226,6 +227,9 @@ class _Run:
     def _restore(self, path: Path, state: dict) -> None:
         """Continue from ``state``, the checkpoint loaded from ``path``: weights, optimizer, schedule, data
         position, every random generator (torch, NumPy, Python) and the compression policy."""
+        saved = state.get("identity", {})
+        if isinstance(saved.get("compression"), str):  # a checkpoint of a run that spelled recompute "checkpoint"
+            saved["compression"] = canonical_method(saved["compression"])
         ckpt.check_compatible(state, _identity(self.config, self.global_batch), path)
         try:
             self.model.load_state_dict(state["model"])
@@ -263,7 +267,7 @@ class _Run:
         device = self.backend.device
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         _seed_step(self.config["train"]["seed"], self.step, self.backend.rank)
-        result = methods.train_step(self.model, self.activation, x, y, self.spec.loss, self.optimizer,
+        result = methods.train_step(self.model, self.activation, x, y, self.family.loss, self.optimizer,
                                     forward=self.ddp_model, scheduler=self.scheduler,
                                     reduced_gradients=self.backend.reduced_gradients)
         if result.stats is not None:
@@ -281,14 +285,14 @@ class _Run:
         rank, size = self.backend.rank, self.backend.size
         indices = list(range(rank, len(self.val_set), size))
         batches = DataLoader(Subset(self.val_set, indices), batch_size=self.per_device)
-        sums = ValidationSums(self.spec.task, self.spec.num_classes, miou=self.config["train"]["miou"])
+        sums = ValidationSums(self.family.task, self.family.num_classes, miou=self.config["train"]["miou"])
         cap = self.config["train"]["val_steps"]
         for index, (x, y) in enumerate(batches):
             if cap is not None and index >= cap:
                 break
             x, y = x.to(self.backend.device), y.to(self.backend.device)
             logits = self.model(x)
-            sums.update(logits, y, float(self.spec.loss(logits, y)))
+            sums.update(logits, y, float(self.family.loss(logits, y)))
         self.model.train()
         totals = {k: v * size for k, v in self.backend.allreduce_mean(sums.sums).items()}
         return sums.metrics(totals)
@@ -368,7 +372,7 @@ class _Run:
                       for name, row in stats.per_module().items()}
         return RunResult(
             run_dir=str(self.run_dir), epochs=self.epochs,
-            metric_name=ValidationSums(self.spec.task, self.spec.num_classes).name,
+            metric_name=ValidationSums(self.family.task, self.family.num_classes).name,
             median_step_time_s=median, samples_per_s=self.global_batch / median if step_times else float("nan"),
             activation_original_bytes=stats.original_bytes, activation_packed_bytes=stats.packed_bytes,
             activation_ratio=stats.ratio, per_module=per_module,
