@@ -48,7 +48,11 @@ def register(subparsers) -> None:
     convert = commands.add_parser("to-deepcam", help="write a climate data set in DeepCAM's HDF5 layout")
     convert.add_argument("dataset", help="climate data set directory or 'climate-sample'")
     convert.add_argument("--out", required=True)
-    convert.add_argument("--layout", choices=("per-sample", "single"), default="per-sample")
+    convert.add_argument("--layout", choices=("per-sample", "single"), default="per-sample",
+                         help="per-sample: the MLPerf HPC reference layout (train/, validation/, stats.h5); "
+                              "single: one chunked file with a manifest")
+    convert.add_argument("--val-fraction", type=float, default=0.2,
+                         help="per-sample: the last fraction in time goes to validation/ (default 0.2)")
     convert.add_argument("--no-progress", action="store_true")
     convert.set_defaults(handler=_to_deepcam)
 
@@ -122,6 +126,7 @@ def _bench(args) -> int:
 def _to_deepcam(args) -> int:
     from hpcdl_datasets.climate.deepcam import convert_to_deepcam
 
-    manifest = convert_to_deepcam(args.dataset, args.out, args.layout, progress=not args.no_progress)
-    print(f"wrote {manifest.count} samples ({args.layout}) and {manifest.path}")
+    written = convert_to_deepcam(args.dataset, args.out, args.layout, progress=not args.no_progress,
+                                 val_fraction=args.val_fraction)
+    print(f"wrote {written} ({args.layout} layout)")
     return 0
