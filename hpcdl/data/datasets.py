@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import MalformedFileError, MissingFileError, ShapeError, ValueRangeError
 from .deepcam_dir import deepcam_manifest, is_deepcam_dir
+from .errors import MalformedFileError, MissingFileError, ShapeError, ValueRangeError
 from .features import CONSTITUENT_FEATURES, HEP_UNITS, NORMALISED_FEATURES, constituent_features
 from .manifest import Manifest, read_manifest, verify_checksums
 from .readers import FLOAT, INTEGER, ClimateNetCDFReader, DeepCAMReader, FileReader, HDF5Reader

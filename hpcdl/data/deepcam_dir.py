@@ -36,8 +36,10 @@ CLASS_NAMES = ("background", "tropical_cyclone", "atmospheric_river")
 
 
 def is_deepcam_dir(path: Path) -> bool:
-    """Whether ``path`` is a directory with the reference layout's stats.h5 and train/ folder."""
-    return path.is_dir() and (path / STATS_NAME).is_file() and (path / "train").is_dir()
+    """Whether ``path`` looks like the reference layout: a directory with train/ and validation/ folders
+    or a stats.h5 (what is missing of the rest is then a named error)."""
+    return path.is_dir() and ((path / STATS_NAME).is_file() or
+                              ((path / "train").is_dir() and (path / "validation").is_dir()))
 
 
 def _read_stats(path: Path) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
@@ -88,6 +90,9 @@ def deepcam_manifest(root: Path, split: str, channels: list[int] | None = None) 
         if not found:
             raise MissingFileError(directory, "holds no *.h5 sample files")
         files += found
+    if not (root / STATS_NAME).is_file():
+        raise MissingFileError(root / STATS_NAME, "does not exist: the DeepCAM layout keeps the per-channel "
+                                                  "climate/minval and climate/maxval in stats.h5 beside train/")
     low, high, names = io_thread.call(_read_stats, root / STATS_NAME)
     shape = io_thread.call(_peek_shape, files[0])
     if len(shape) != 3:
