@@ -100,22 +100,28 @@ def test_deepcam_round_trip(tmp_path):
     source = tmp_path / "climate"
     generate_climate(source, samples=5, seed=4, settings=TINY, progress=False)
     original = load_dataset(source, "all", normalize=False)
-    for layout in ("per-sample", "single"):
-        out = tmp_path / layout
-        convert_to_deepcam(source, out, layout=layout, progress=False)
-        if layout == "per-sample":
-            with h5py.File(out / "data-000003.h5") as h5:
-                assert h5["climate/data"].shape == (16, 24, 6) and h5["climate/labels"].shape == (16, 24)
-            with h5py.File(out / "stats.h5") as h5:
-                assert h5["climate/minval"].shape == (6,) and h5["climate/maxval"].shape == (6,)
-        else:
-            with h5py.File(out / "deepcam.h5") as h5:
-                assert h5["data"].shape == (5, 16, 24, 6) and h5["data"].chunks == (1, 16, 24, 6)
-        converted = load_dataset(out, "all", normalize=False)
-        assert converted.info["kind"] == "deepcam-hdf5"
-        for i in range(5):
-            assert torch.equal(converted[i][0], original[i][0]) and torch.equal(converted[i][1], original[i][1])
-        assert verify_checksums(read_manifest(out)) >= 1
+    out = convert_to_deepcam(source, tmp_path / "per-sample", progress=False)  # the MLPerf HPC reference layout
+    assert sorted(p.name for p in out.iterdir()) == ["stats.h5", "train", "validation"]
+    assert [p.name for p in sorted((out / "validation").iterdir())] == ["data-000004.h5"]  # last in time
+    with h5py.File(out / "train" / "data-000003.h5") as h5:
+        assert h5["climate/data"].shape == (16, 24, 6) and h5["climate/labels_0"].shape == (16, 24)
+    with h5py.File(out / "stats.h5") as h5:
+        assert h5["climate/minval"].shape == (6,) and h5["climate/maxval"].shape == (6,)
+    converted = {split: load_dataset(out, split, normalize=False) for split in ("train", "val")}
+    assert converted["train"].info["kind"] == "deepcam-dir" and len(converted["val"]) == 1
+    for i in range(5):
+        split, item = ("train", i) if i < 4 else ("val", 0)
+        x, y = converted[split][item]
+        assert torch.equal(x, original[i][0]) and torch.equal(y, original[i][1])
+    out = tmp_path / "single"
+    convert_to_deepcam(source, out, layout="single", progress=False)
+    with h5py.File(out / "deepcam.h5") as h5:
+        assert h5["data"].shape == (5, 16, 24, 6) and h5["data"].chunks == (1, 16, 24, 6)
+    converted = load_dataset(out, "all", normalize=False)
+    assert converted.info["kind"] == "deepcam-hdf5"
+    for i in range(5):
+        assert torch.equal(converted[i][0], original[i][0]) and torch.equal(converted[i][1], original[i][1])
+    assert verify_checksums(read_manifest(out)) == 1
     with pytest.raises(ValueError, match="layout"):
         convert_to_deepcam(source, tmp_path / "x", layout="zarr")
 

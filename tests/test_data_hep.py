@@ -97,7 +97,7 @@ def hep_dir(tmp_path_factory):
     """A small HEP file of constructed jets written by the generator's writer: 12 jets, 2 classes."""
     out = tmp_path_factory.mktemp("hep")
     settings = HEPSettings(image_size=16, max_particles=32)
-    writer = JetWriter(out / "jets.h5", settings)
+    writer = JetWriter(out / "jets.h5", settings.image_size, settings.max_particles, CLASS_NAMES, "test", "")
     rng = np.random.default_rng(1)
     keep = []
     for i in range(12):
@@ -105,7 +105,8 @@ def hep_dir(tmp_path_factory):
         keep.append(cluster)
         particles = particles_of(jet)
         rows, count = constituent_array(particles, settings.max_particles)
-        writer.append(jet_image(particles, settings.image_size), rows, count, i % 2, jet)
+        writer.append(jet_image(particles, settings.image_size), rows, count, i % 2, jet.pt(), jet.eta(),
+                      jet.phi_std(), jet.m())
     normalization = writer.normalization()
     writer.close()
     write_manifest(out, name="hep", kind="hep-hdf5", task="classification", class_names=list(CLASS_NAMES),

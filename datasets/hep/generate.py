@@ -11,7 +11,7 @@ clustering. One jet per event (the leading matched one) keeps the jets independe
 Output: one HDF5 file ``jets.h5`` (gzip level 4 + shuffle, chunked by 256 jets) with datasets
 ``images`` (N, S, S) pT fractions, ``constituents`` (N, M, 4) rows (pT, eta, phi, E),
 ``n_constituents`` (N,), ``labels`` (N,) 0 = QCD 1 = W, ``jet_pt``, ``jet_eta``, ``jet_phi``,
-``jet_mass`` (N,), and ``manifest.json``.
+``jet_mass`` (N,), each with a ``units`` attribute, and ``manifest.json``.
 
 Pythia 8 is the ``pythia8mc`` package (the ``[hep]`` extra); it is imported only when generating.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcdl.data.features import NORMALISED_FEATURES, constituent_features
+from hpcdl.data.features import HEP_UNITS, NORMALISED_FEATURES, constituent_features
 from hpcdl.data.manifest import Manifest, write_manifest
 
 from .preprocess import constituent_array, jet_image, particles_of
@@ -133,13 +133,18 @@ def select_jet(pythia, fastjet, jet_definition, settings: HEPSettings, signal: b
 
 
 class JetWriter:
-    """Appends jets to a chunked, gzip-compressed HDF5 file and accumulates normalisation statistics."""
+    """Appends jets to a chunked, gzip-compressed HDF5 file in hpcdl's HEP layout (with ``units``
+    attributes, :data:`hpcdl.data.features.HEP_UNITS`) and accumulates normalisation statistics.
 
-    def __init__(self, path: Path, settings: HEPSettings) -> None:
+    The generator and the importers of public data sets (``importers``) write through this one class.
+    """
+
+    def __init__(self, path: Path, image_size: int, max_particles: int, class_names: tuple | list,
+                 title: str, settings: str) -> None:
         import h5py
 
         self.file = h5py.File(path, "w")
-        s, m = settings.image_size, settings.max_particles
+        s, m = image_size, max_particles
         options = {"compression": "gzip", "compression_opts": 4, "shuffle": True}
         self.datasets = {
             "images": self.file.create_dataset("images", (0, s, s), "f4", maxshape=(None, s, s), chunks=(256, s, s), **options),
@@ -151,18 +156,21 @@ class JetWriter:
         for name in ("jet_pt", "jet_eta", "jet_phi", "jet_mass"):
             self.datasets[name] = self.file.create_dataset(name, (0,), "f4", maxshape=(None,), chunks=(256,), **options)
         self.datasets["constituents"].attrs["fields"] = "pt eta phi energy"
-        self.datasets["labels"].attrs["classes"] = " ".join(CLASS_NAMES)
-        self.file.attrs.update({"title": "hpcdl HEP jets: Pythia 8 W -> qq vs QCD, FastJet anti-kt",
-                                "settings": str(settings.to_dict())})
+        for name, units in HEP_UNITS.items():
+            self.datasets[name].attrs["units"] = units
+        self.datasets["labels"].attrs["classes"] = " ".join(class_names)
+        self.file.attrs.update({"title": title, "settings": settings})
         self.count = 0
         self.pixel_sum = self.pixel_square = 0.0
         self.feature_sum = np.zeros(len(NORMALISED_FEATURES))
         self.feature_square = np.zeros(len(NORMALISED_FEATURES))
         self.particles = 0
 
-    def append(self, image: np.ndarray, constituents: np.ndarray, count: int, label: int, jet) -> None:
+    def append(self, image: np.ndarray, constituents: np.ndarray, count: int, label: int, pt: float, eta: float,
+               phi: float, mass: float) -> None:
+        """One jet: its image, (M, 4) constituent rows (pT, eta, phi, E), their count, label and axis."""
         row = {"images": image, "constituents": constituents, "n_constituents": count, "labels": label,
-               "jet_pt": jet.pt(), "jet_eta": jet.eta(), "jet_phi": jet.phi_std(), "jet_mass": jet.m()}
+               "jet_pt": pt, "jet_eta": eta, "jet_phi": phi, "jet_mass": mass}
         for name, value in row.items():
             dataset = self.datasets[name]
             dataset.resize(self.count + 1, axis=0)
@@ -170,7 +178,7 @@ class JetWriter:
         self.count += 1
         self.pixel_sum += float(image.sum(dtype=np.float64))
         self.pixel_square += float((image.astype(np.float64) ** 2).sum())
-        features = constituent_features(constituents, count, jet.eta(), jet.phi_std())[:count, :4].astype(np.float64)
+        features = constituent_features(constituents, count, eta, phi)[:count, :4].astype(np.float64)
         self.feature_sum += features.sum(axis=0)
         self.feature_square += (features**2).sum(axis=0)
         self.particles += count
@@ -206,7 +214,8 @@ def generate_hep(out_dir: str | Path, samples: int = 6000, seed: int = 0, settin
     jet_definition = fastjet.JetDefinition(fastjet.antikt_algorithm, settings.jet_radius)
     per_class = {1: samples // 2, 0: samples - samples // 2}
     path = out / "jets.h5"
-    writer = JetWriter(path, settings)
+    writer = JetWriter(path, settings.image_size, settings.max_particles, CLASS_NAMES,
+                       "hpcdl HEP jets: Pythia 8 W -> qq vs QCD, FastJet anti-kt", str(settings.to_dict()))
     events = {0: 0, 1: 0}
     try:
         with tqdm(total=samples, unit="jet", desc="hep", disable=not progress) as bar:
@@ -223,7 +232,7 @@ def generate_hep(out_dir: str | Path, samples: int = 6000, seed: int = 0, settin
                     particles = particles_of(jet)
                     constituents, count = constituent_array(particles, settings.max_particles)
                     writer.append(jet_image(particles, settings.image_size, settings.jet_radius), constituents,
-                                  count, label, jet)
+                                  count, label, jet.pt(), jet.eta(), jet.phi_std(), jet.m())
                     produced += 1
                     bar.update(1)
         normalization = writer.normalization()

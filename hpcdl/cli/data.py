@@ -1,4 +1,4 @@
-"""``hpcdl data``: generate, check, describe and convert the climate and HEP data sets."""
+"""``hpcdl data``: generate, check, describe, convert and import the climate and HEP data sets."""
 
 from __future__ import annotations
 
@@ -45,10 +45,24 @@ def register(subparsers) -> None:
     bench.add_argument("--world-size", type=int, default=1, help="shard as rank 0 of this many")
     bench.set_defaults(handler=_bench)
 
+    imports = commands.add_parser("import", help="convert a public jet data set into hpcdl's HEP layout")
+    imports.add_argument("format", choices=("jetnet", "top-tagging"),
+                         help="jetnet: JetNet HDF5 files (g.hdf5, t.hdf5, ...; two or more jet types); "
+                              "top-tagging: the Top Quark Tagging Reference Dataset (pandas fixed-format HDF5)")
+    imports.add_argument("files", nargs="+", help="the file(s) to import")
+    imports.add_argument("--out", required=True, help="output directory (jets.h5 and manifest.json)")
+    imports.add_argument("--image-size", type=int, default=32, help="jet image pixels per side (default 32)")
+    imports.add_argument("--max-jets", type=int, default=None, help="top-tagging: import only the first N jets")
+    imports.set_defaults(handler=_import)
+
     convert = commands.add_parser("to-deepcam", help="write a climate data set in DeepCAM's HDF5 layout")
     convert.add_argument("dataset", help="climate data set directory or 'climate-sample'")
     convert.add_argument("--out", required=True)
-    convert.add_argument("--layout", choices=("per-sample", "single"), default="per-sample")
+    convert.add_argument("--layout", choices=("per-sample", "single"), default="per-sample",
+                         help="per-sample: the MLPerf HPC reference layout (train/, validation/, stats.h5); "
+                              "single: one chunked file with a manifest")
+    convert.add_argument("--val-fraction", type=float, default=0.2,
+                         help="per-sample: the last fraction in time goes to validation/ (default 0.2)")
     convert.add_argument("--no-progress", action="store_true")
     convert.set_defaults(handler=_to_deepcam)
 
@@ -122,6 +136,24 @@ def _bench(args) -> int:
 def _to_deepcam(args) -> int:
     from hpcdl_datasets.climate.deepcam import convert_to_deepcam
 
-    manifest = convert_to_deepcam(args.dataset, args.out, args.layout, progress=not args.no_progress)
-    print(f"wrote {manifest.count} samples ({args.layout}) and {manifest.path}")
+    written = convert_to_deepcam(args.dataset, args.out, args.layout, progress=not args.no_progress,
+                                 val_fraction=args.val_fraction)
+    print(f"wrote {written} ({args.layout} layout)")
+    return 0
+
+
+def _import(args) -> int:
+    from hpcdl_datasets.hep.importers import import_jetnet, import_top_tagging
+
+    if args.image_size < 4:
+        raise ValueError(f"--image-size must be at least 4, got {args.image_size}")
+    if args.format == "jetnet":
+        if args.max_jets is not None:
+            raise ValueError("--max-jets applies to top-tagging only")
+        manifest = import_jetnet(args.files, args.out, image_size=args.image_size)
+    else:
+        if len(args.files) != 1:
+            raise ValueError(f"top-tagging imports one file at a time, got {len(args.files)}")
+        manifest = import_top_tagging(args.files[0], args.out, image_size=args.image_size, max_jets=args.max_jets)
+    print(f"imported {manifest.count} jets of classes {manifest.class_names} into {manifest.path}")
     return 0

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .deepcam_dir import deepcam_manifest, is_deepcam_dir
 from .errors import MalformedFileError, MissingFileError, ShapeError, ValueRangeError
-from .features import CONSTITUENT_FEATURES, NORMALISED_FEATURES, constituent_features
+from .features import CONSTITUENT_FEATURES, HEP_UNITS, NORMALISED_FEATURES, constituent_features
 from .manifest import Manifest, read_manifest, verify_checksums
 from .readers import FLOAT, INTEGER, ClimateNetCDFReader, DeepCAMReader, FileReader, HDF5Reader
 from .samples import SAMPLE_NAMES, sample_path
@@ -116,7 +117,7 @@ def _stats(manifest: Manifest, key: str, names: tuple | list, normalize: bool) -
 class ClimateDataset(ManifestDataset):
     """Climate snapshots (netCDF4 from the generator, or DeepCAM HDF5 from the converter): x (C, H, W)."""
 
-    def __init__(self, manifest, indices, info, normalize: bool) -> None:
+    def __init__(self, manifest, indices, info, normalize: bool, channel_indices: list[int] | None = None) -> None:
         super().__init__(manifest, indices, info)
         channels, height, width = manifest.sample_shape
         names = manifest.normalization["fields"]["names"]
@@ -124,7 +125,8 @@ class ClimateDataset(ManifestDataset):
         if manifest.kind == "climate-netcdf":
             self.reader = ClimateNetCDFReader(paths, counts, manifest.num_classes, names, height, width)
         else:
-            self.reader = DeepCAMReader(paths, counts, manifest.num_classes, height, width, channels)
+            stored = manifest.generator.get("stored_channels", channels) if channel_indices is not None else channels
+            self.reader = DeepCAMReader(paths, counts, manifest.num_classes, height, width, stored, channel_indices)
         mean, std = _stats(manifest, "fields", names, normalize)
         self.mean, self.std = mean[:, None, None], std[:, None, None]
 
@@ -149,7 +151,7 @@ class HEPDataset(ManifestDataset):
                     "jet_phi": ((), FLOAT)}
         fields = HEP_FIELDS[features]
         self.reader = HDF5Reader(manifest.file_paths(), [f["samples"] for f in manifest.files],
-                                 manifest.num_classes, expected, y_field="labels", fields=fields)
+                                 manifest.num_classes, expected, y_field="labels", fields=fields, units=HEP_UNITS)
         if features == "images":
             self.mean, self.std = _stats(manifest, "images", ["pt_fraction"], normalize)
         else:
@@ -186,26 +188,35 @@ def resolve(name_or_path: str | Path) -> Path:
         return sample_path(str(name_or_path))
     path = Path(name_or_path).expanduser()
     if not path.exists():
-        raise MissingFileError(path, f"no such data set; give a directory with a manifest.json, one of the "
+        raise MissingFileError(path, f"no such data set; give a directory with a manifest.json, a directory in "
+                                     f"the MLPerf HPC DeepCAM layout (train/, validation/, stats.h5), one of the "
                                      f"committed samples {SAMPLE_NAMES}, or random data {tuple(RANDOM_DATASETS)}")
     return path
 
 
 def load_dataset(name_or_path: str | Path, split: str = "train", *, features: str | None = None,
                  val_fraction: float = 0.2, split_seed: int = 0, normalize: bool = True, verify: bool = False,
-                 **random_kw) -> torch.utils.data.Dataset:
+                 channels: list[int] | None = None, **random_kw) -> torch.utils.data.Dataset:
     """Open a data set split.
 
     name_or_path: "climate-sample", "hep-sample", a random-data name ("random-imagenet",
-        "random-deepcam", ...; for memory/speed runs only), or a directory / manifest.json.
+        "random-deepcam", ...; for memory/speed runs only), a directory / manifest.json, or a
+        directory in the MLPerf HPC DeepCAM layout (train/, validation/, stats.h5; no manifest:
+        the splits are its folders, so ``val_fraction`` and ``split_seed`` do not apply).
     features: for HEP, "images" (default) or "constituents".
+    channels: for the DeepCAM layout, the channel indices to read (the reference's ``channels``).
     verify: check every file's sha256 against the manifest first (reads all files once).
     """
     if str(name_or_path) in RANDOM_DATASETS:
         return random_dataset(str(name_or_path), **random_kw)
     if random_kw:
         raise TypeError(f"unexpected arguments {sorted(random_kw)} for data set {name_or_path!r}")
-    manifest = read_manifest(resolve(name_or_path))
+    path = resolve(name_or_path)
+    if not (path / "manifest.json").is_file() and is_deepcam_dir(path):
+        return _load_deepcam_dir(path, split, features, normalize, verify, channels)
+    if channels is not None:
+        raise ValueError(f"channels= applies to directories in the DeepCAM layout only; {path} has a manifest")
+    manifest = read_manifest(path)
     if verify:
         verify_checksums(manifest)
     else:
@@ -227,3 +238,22 @@ def load_dataset(name_or_path: str | Path, split: str = "train", *, features: st
         return HEPDataset(manifest, indices, info, features, normalize)
     info["channels"] = list(manifest.normalization["fields"]["names"])
     return ClimateDataset(manifest, indices, info, normalize)
+
+
+def _load_deepcam_dir(root: Path, split: str, features: str | None, normalize: bool, verify: bool,
+                      channels: list[int] | None) -> ClimateDataset:
+    """A split of a directory in the MLPerf HPC DeepCAM layout (``hpcdl.data.deepcam_dir``)."""
+    if features is not None:
+        raise ValueError(f"features={features!r} applies to HEP data sets only; {root} is a DeepCAM directory")
+    if verify:
+        raise ValueError(f"{root} is in the DeepCAM reference layout, which has no checksums to verify; "
+                         "load it with verify=False (file sizes are still checked against what was listed)")
+    manifest, selected = deepcam_manifest(root, split, channels)
+    indices = np.arange(manifest.count)
+    names = list(manifest.normalization["fields"]["names"])
+    info = {"task": manifest.task, "num_classes": manifest.num_classes, "class_names": manifest.class_names,
+            "input_shape": tuple(manifest.sample_shape), "source": str(root), "kind": "deepcam-dir",
+            "name": manifest.name, "split": split, "num_samples": len(indices), "random": False,
+            "normalization": manifest.normalization if normalize else None, "channels": names,
+            "normalization_rule": "(x - minval) / (maxval - minval) from stats.h5"}
+    return ClimateDataset(manifest, indices, info, normalize, selected)

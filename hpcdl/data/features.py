@@ -29,3 +29,10 @@ def constituent_features(constituents: np.ndarray, count: int, jet_eta: float, j
     out[:count, 3] = np.log(np.maximum(real[:, 3], 1e-6))
     out[:count, 4] = 1.0
     return out
+
+
+#: The ``units`` attribute of each dataset of a HEP jets file (hpcdl's generator and importers write
+#: them; the loader refuses other units). Constituent rows are (pT, eta, phi, E); pseudorapidity and
+#: pT fractions are dimensionless ("1"), angles in radians, momenta and energies in GeV.
+HEP_UNITS = {"images": "1", "constituents": "GeV 1 rad GeV", "jet_pt": "GeV", "jet_eta": "1", "jet_phi": "rad",
+             "jet_mass": "GeV"}

@@ -43,6 +43,21 @@ def check_dtype(path: Path, what: str, dtype, kind: str) -> None:
         raise ShapeError(path, f"{what} has dtype {np.dtype(dtype)}, expected {_KIND_NAMES[kind]}")
 
 
+def check_units(path: Path, name: str, dataset, expected: str | None) -> None:
+    """Raise ``ShapeError`` if HDF5 ``dataset`` declares ``units`` other than ``expected``.
+
+    A dataset without the attribute passes: the committed samples predate it. A wrong unit (MeV
+    where the features take logs of GeV) would shift every input silently, so it is refused.
+    """
+    if expected is None or "units" not in dataset.attrs:
+        return
+    found = dataset.attrs["units"]
+    found = found.decode() if isinstance(found, bytes) else str(found)
+    if found != expected:
+        raise ShapeError(path, f"dataset {name!r} has units {found!r}, expected {expected!r}; convert the values "
+                               "(or re-import the data) to those units")
+
+
 def check_finite(path: Path, row: int, name: str, values: np.ndarray) -> None:
     """Raise ``NonFiniteError`` if floating-point ``values`` (sample ``row``'s ``name``) hold NaN or Inf."""
     values = np.asarray(values)
@@ -273,15 +288,18 @@ class HDF5Reader(FileReader):
     ``expected`` maps every dataset the files must have to its row shape and dtype kind (FLOAT or
     INTEGER; all validated on open); ``fields`` (default: all of them) are the ones ``read_fields``
     returns, plus ``y_field``. Floating-point fields are checked for NaN/Inf on every read.
+    ``units`` maps a dataset to the ``units`` attribute it must have if it has one (files written
+    before hpcdl recorded units have none and are read as the units expected).
     """
 
     kind = "HDF5"
 
     def __init__(self, paths, counts, num_classes, expected: dict[str, tuple[tuple, str]], y_field: str,
-                 fields: list[str] | None = None) -> None:
+                 fields: list[str] | None = None, units: dict[str, str] | None = None) -> None:
         super().__init__(paths, counts, num_classes)
         self.y_field = y_field
         self.expected = dict(expected)
+        self.units = dict(units or {})
         wanted = list(expected) if fields is None else list(fields)
         unknown = sorted(set(wanted) - set(expected))
         if unknown:
@@ -297,6 +315,7 @@ class HDF5Reader(FileReader):
                 raise ShapeError(path, f"dataset {name!r} has shape {h5[name].shape}, "
                                        f"expected {(count, *row_shape)}")
             check_dtype(path, f"dataset {name!r}", h5[name].dtype, kind)
+            check_units(path, name, h5[name], self.units.get(name))
 
     open = staticmethod(open_hdf5)
 
@@ -311,14 +330,23 @@ class HDF5Reader(FileReader):
 
 
 class DeepCAMReader(FileReader):
-    """DeepCAM's staged layout: one ``data-*.h5`` per sample with ``climate/data`` (H, W, C) and
-    ``climate/labels`` (H, W), or one file with ``data`` (N, H, W, C) and ``labels`` (N, H, W)."""
+    """DeepCAM's layouts: one ``*.h5`` per sample with ``climate/data`` (H, W, C) and
+    ``climate/labels_0`` (H, W) (the MLPerf HPC reference; ``climate/labels`` is accepted too), or
+    one file with ``data`` (N, H, W, C) and ``labels`` (N, H, W).
+
+    ``channel_indices`` selects channels of the last axis, in the given order, as the reference's
+    ``channels`` option does (default: all). Labels may be stored as floats, as the reference casts
+    them to int64; a float label that is not a whole number is refused.
+    """
 
     kind = "HDF5"
+    LABEL_KEYS = (("climate/data", "climate/labels_0"), ("climate/data", "climate/labels"), ("data", "labels"))
 
-    def __init__(self, paths, counts, num_classes, height: int, width: int, channels: int) -> None:
+    def __init__(self, paths, counts, num_classes, height: int, width: int, channels: int,
+                 channel_indices: list[int] | None = None) -> None:
         super().__init__(paths, counts, num_classes)
         self.layout = (height, width, channels)
+        self.channel_indices = None if channel_indices is None else [int(c) for c in channel_indices]
         self.validate()
 
     def check_file(self, path: Path, h5, count: int) -> None:
@@ -332,14 +360,14 @@ class DeepCAMReader(FileReader):
             raise ShapeError(path, f"dataset {label_key!r} has shape {h5[label_key].shape}, "
                                    f"expected {(*prefix, height, width)}")
         check_dtype(path, f"dataset {data_key!r}", h5[data_key].dtype, FLOAT)
-        check_dtype(path, f"dataset {label_key!r}", h5[label_key].dtype, INTEGER)
+        check_dtype(path, f"dataset {label_key!r}", h5[label_key].dtype, INTEGER + FLOAT)
 
-    @staticmethod
-    def _keys_of(path: Path, h5) -> tuple[str, str]:
-        for keys in (("climate/data", "climate/labels"), ("data", "labels")):
+    @classmethod
+    def _keys_of(cls, path: Path, h5) -> tuple[str, str]:
+        for keys in cls.LABEL_KEYS:
             if all(key in h5 for key in keys):
                 return keys
-        raise MalformedFileError(path, "has neither climate/data + climate/labels nor data + labels")
+        raise MalformedFileError(path, "has none of " + ", ".join(" + ".join(keys) for keys in cls.LABEL_KEYS))
 
     open = staticmethod(open_hdf5)
 
@@ -351,6 +379,13 @@ class DeepCAMReader(FileReader):
 
     def finish(self, path: Path, row: int, raw) -> tuple[np.ndarray, np.ndarray]:
         x, y = raw
+        if self.channel_indices is not None:
+            x = x[..., self.channel_indices]
+        y = np.asarray(y)
+        if y.dtype.kind == "f":
+            check_finite(path, row, "labels", y)
+            if not np.array_equal(y, np.round(y)):
+                raise LabelRangeError(path, f"sample {row} has labels that are not whole numbers")
         self.check_labels(y, path, row)
         check_finite(path, row, "data", x)
-        return np.ascontiguousarray(np.moveaxis(x, -1, 0), dtype=np.float32), np.asarray(y, dtype=np.int64)
+        return np.ascontiguousarray(np.moveaxis(x, -1, 0), dtype=np.float32), y.astype(np.int64)
