@@ -21,6 +21,7 @@ from hpcdl.data import (
     ShapeError,
     ShardedLoader,
     TruncatedFileError,
+    io_thread,
     load_dataset,
     read_manifest,
     split_indices,
@@ -31,6 +32,18 @@ from hpcdl_datasets.climate import ClimateSettings, QGParams, generate_climate
 
 TINY = ClimateSettings(qg=QGParams(ny=16, nx=24, dt_s=1800.0), spinup_days=1.0, interval_hours=6.0,
                        samples_per_file=4)
+
+
+def with_netcdf(path, use, mode="a"):
+    """``use(nc)`` on ``path`` opened with netCDF4, in hpcdl's I/O owner thread, and its result.
+
+    The netCDF/HDF5 library is not thread-safe, and the owner thread may be closing an earlier test's
+    files at this moment: a test that opens a file itself must do it there too (docs/data.md)."""
+    def run():
+        with netCDF4.Dataset(path, mode) as nc:
+            return use(nc)
+
+    return io_thread.call(run)
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +103,12 @@ def test_climate_items_have_the_declared_shapes_dtypes_and_normalisation(climate
     assert torch.allclose(everything.mean(dim=(0, 2, 3)), torch.zeros(6), atol=1e-3)
     assert torch.allclose(everything.std(dim=(0, 2, 3)), torch.ones(6), atol=1e-2)
     raw = load_dataset(climate_dir, "all", normalize=False)[0][0]
-    with netCDF4.Dataset(climate_dir / "climate_0000.nc") as nc:
+    def check(nc):
         assert np.allclose(raw[4].numpy(), nc.variables["temperature"][0], rtol=1e-6)
         assert nc.Conventions == "CF-1.8" and nc.variables["u"].standard_name == "eastward_wind"
         assert nc.variables["lat"].units == "degrees_north" and nc.variables["time"].dimensions == ("time",)
+
+    with_netcdf(climate_dir / "climate_0000.nc", check, mode="r")
 
 
 def test_splits_are_disjoint_cover_everything_and_are_deterministic():
@@ -226,8 +241,7 @@ def test_malformed_file_and_manifest(copy):
 
 def test_missing_variable(copy):
     path = copy / "climate_0001.nc"
-    with netCDF4.Dataset(path, "a") as nc:
-        nc.renameVariable("moisture", "humidity")
+    with_netcdf(path, lambda nc: nc.renameVariable("moisture", "humidity"))
     _refresh_manifest(copy, "climate_0001.nc")
     with pytest.raises(MalformedFileError, match="climate_0001.nc.*no variable 'moisture'"):
         load_dataset(copy)
@@ -235,10 +249,12 @@ def test_missing_variable(copy):
 
 def test_variable_with_wrong_shape(copy):
     path = copy / "climate_0000.nc"
-    with netCDF4.Dataset(path, "a") as nc:
+    def edit(nc):
         nc.renameVariable("u", "u_old")
         nc.createDimension("lon2", 23)
         nc.createVariable("u", "f4", ("time", "lat", "lon2"))[:] = np.zeros((4, 16, 23), np.float32)
+
+    with_netcdf(path, edit)
     _refresh_manifest(copy, "climate_0000.nc")
     with pytest.raises(ShapeError, match="climate_0000.nc.*'u' has dimensions"):
         load_dataset(copy)
@@ -246,8 +262,7 @@ def test_variable_with_wrong_shape(copy):
 
 def test_label_out_of_range(copy):
     path = copy / "climate_0002.nc"
-    with netCDF4.Dataset(path, "a") as nc:
-        nc.variables["labels"][1, 3, 4] = 7
+    with_netcdf(path, lambda nc: nc.variables["labels"].__setitem__((1, 3, 4), 7))
     _refresh_manifest(copy, "climate_0002.nc")
     data = load_dataset(copy, "all")
     data[8]  # another sample of the same file is fine
@@ -267,7 +282,7 @@ def test_checksums_catch_changed_content(copy):
 
 def _rewrite_variable(path, name, dtype, values, **attributes):
     """Replace variable ``name`` of a climate file with one of ``dtype`` holding ``values``."""
-    with netCDF4.Dataset(path, "a") as nc:
+    def edit(nc):
         nc.renameVariable(name, f"{name}_old")
         var = nc.createVariable(name, dtype, ("time", "lat", "lon"))
         var.set_auto_maskandscale(False)
@@ -275,11 +290,12 @@ def _rewrite_variable(path, name, dtype, values, **attributes):
             var.setncattr(key, value)
         var[:] = values
 
+    with_netcdf(path, edit)
+
 
 def test_nan_input_names_the_file_sample_and_variable(copy):
     path = copy / "climate_0001.nc"
-    with netCDF4.Dataset(path) as nc:
-        values = np.array(nc.variables["u"][:], dtype=np.float32)
+    values = with_netcdf(path, lambda nc: np.array(nc.variables["u"][:], dtype=np.float32), mode="r")
     values[2, 5, 6] = np.nan
     values[2, 0, 0] = np.inf
     _rewrite_variable(path, "u", "f4", values)

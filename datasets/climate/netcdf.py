@@ -14,6 +14,8 @@ from pathlib import Path
 import netCDF4
 import numpy as np
 
+from hpcdl.data import io_thread
+
 from .labels import CLASS_NAMES
 
 #: Channel order of the data set, with CF metadata (``standard_name`` where the CF table has one).
@@ -43,11 +45,21 @@ def coordinates(ny: int, nx: int, ly_m: float, lx_m: float) -> tuple[np.ndarray,
 
 def write_netcdf(path: Path, fields: np.ndarray, labels: np.ndarray, times_days: np.ndarray, lat: np.ndarray,
                  lon: np.ndarray, attributes: dict[str, str]) -> None:
-    """Write ``fields`` (T, C, H, W) float and ``labels`` (T, H, W) uint8 at ``times_days`` to ``path``."""
+    """Write ``fields`` (T, C, H, W) float and ``labels`` (T, H, W) uint8 at ``times_days`` to ``path``.
+
+    The writing runs in hpcdl's I/O owner thread (``hpcdl.data.io_thread``), like every netCDF/HDF5 call
+    of hpcdl: the library is not thread-safe, and a loader of this process may be reading meanwhile.
+    """
     t, c, h, w = fields.shape
     if c != len(CHANNELS) or labels.shape != (t, h, w) or lat.shape != (h,) or lon.shape != (w,):
         raise ValueError(f"inconsistent shapes: fields {fields.shape}, labels {labels.shape}, "
                          f"lat {lat.shape}, lon {lon.shape}, channels {list(CHANNELS)}")
+    io_thread.call(_write_netcdf, path, fields, labels, times_days, lat, lon, attributes)
+
+
+def _write_netcdf(path: Path, fields: np.ndarray, labels: np.ndarray, times_days: np.ndarray, lat: np.ndarray,
+                  lon: np.ndarray, attributes: dict[str, str]) -> None:
+    _, _, h, w = fields.shape
     with netCDF4.Dataset(path, "w", format="NETCDF4") as nc:
         nc.setncatts({"Conventions": "CF-1.8", **attributes})
         nc.createDimension("time", None)

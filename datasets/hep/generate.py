@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcdl.data import io_thread
 from hpcdl.data.features import HEP_UNITS, NORMALISED_FEATURES, constituent_features
 from hpcdl.data.manifest import Manifest, write_manifest
 
@@ -214,8 +215,9 @@ def generate_hep(out_dir: str | Path, samples: int = 6000, seed: int = 0, settin
     jet_definition = fastjet.JetDefinition(fastjet.antikt_algorithm, settings.jet_radius)
     per_class = {1: samples // 2, 0: samples - samples // 2}
     path = out / "jets.h5"
-    writer = JetWriter(path, settings.image_size, settings.max_particles, CLASS_NAMES,
-                       "hpcdl HEP jets: Pythia 8 W -> qq vs QCD, FastJet anti-kt", str(settings.to_dict()))
+    # Every HDF5 call runs in hpcdl's I/O owner thread (hpcdl.data.io_thread); Pythia and FastJet run here.
+    writer = io_thread.call(JetWriter, path, settings.image_size, settings.max_particles, CLASS_NAMES,
+                            "hpcdl HEP jets: Pythia 8 W -> qq vs QCD, FastJet anti-kt", str(settings.to_dict()))
     events = {0: 0, 1: 0}
     try:
         with tqdm(total=samples, unit="jet", desc="hep", disable=not progress) as bar:
@@ -231,13 +233,13 @@ def generate_hep(out_dir: str | Path, samples: int = 6000, seed: int = 0, settin
                         continue
                     particles = particles_of(jet)
                     constituents, count = constituent_array(particles, settings.max_particles)
-                    writer.append(jet_image(particles, settings.image_size, settings.jet_radius), constituents,
-                                  count, label, jet.pt(), jet.eta(), jet.phi_std(), jet.m())
+                    io_thread.call(writer.append, jet_image(particles, settings.image_size, settings.jet_radius),
+                                   constituents, count, label, jet.pt(), jet.eta(), jet.phi_std(), jet.m())
                     produced += 1
                     bar.update(1)
-        normalization = writer.normalization()
+        normalization = io_thread.call(writer.normalization)
     finally:
-        writer.close()
+        io_thread.call(writer.close)
     return write_manifest(
         out, name="hep", kind="hep-hdf5", task="classification", class_names=list(CLASS_NAMES),
         sample_shape={"images": [1, settings.image_size, settings.image_size],
