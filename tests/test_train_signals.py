@@ -24,6 +24,11 @@ SETS = ["data.dataset=synthetic", "data.synthetic_samples=256", "model.scale=tin
         "distributed.backend=none", "logging.every_steps=1"]
 
 
+# Every run of a comparison on the same thread count: a float sum split over 2 threads can differ in the
+# last bits from the same sum on 1.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def _command(*extra: str) -> list[str]:
     sets = [item for override in SETS for item in ("--set", override)]
     return [sys.executable, "-m", "hpcdl", "train", "hep-particles", *sets, *extra]
@@ -37,7 +42,7 @@ def _steps_logged(run_dir: Path) -> int:
 
 def _signal_mid_run(run_dir: Path, number: int) -> subprocess.CompletedProcess:
     process = subprocess.Popen(_command("--run-dir", str(run_dir)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+                               env=ENV)
     deadline = time.monotonic() + 120
     while _steps_logged(run_dir) < 3 and process.poll() is None:
         assert time.monotonic() < deadline, "the training subprocess logged no step in time"
@@ -57,9 +62,9 @@ def test_sigusr1_checkpoints_exits_75_and_resume_reaches_the_uninterrupted_weigh
     step = load_checkpoint(checkpoints[0])["step"]
     assert 3 <= step < STEPS and not (tmp_path / "stopped" / "summary.json").exists()
 
-    resumed = subprocess.run(_command("--resume", str(tmp_path / "stopped")), capture_output=True, text=True)
+    resumed = subprocess.run(_command("--resume", str(tmp_path / "stopped")), capture_output=True, text=True, env=ENV)
     assert resumed.returncode == 0, resumed.stderr
-    whole = subprocess.run(_command("--run-dir", str(tmp_path / "whole")), capture_output=True, text=True)
+    whole = subprocess.run(_command("--run-dir", str(tmp_path / "whole")), capture_output=True, text=True, env=ENV)
     assert whole.returncode == 0, whole.stderr
     a = load_checkpoint(latest_checkpoint(tmp_path / "stopped" / "checkpoints"))
     b = load_checkpoint(latest_checkpoint(tmp_path / "whole" / "checkpoints"))
