@@ -19,6 +19,7 @@ import os
 import re
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 from hpcdl.train.config import check_run_name, dump_config
 
@@ -140,7 +141,8 @@ class RunLog:
         temporary.write_text(json.dumps(summary, indent=2) + "\n")
         os.replace(temporary, path)
 
-    def close(self) -> None:
+    def close(self, status: str = "FINISHED") -> None:
+        """Close every writer; ``status`` ends the MLflow run: FINISHED, FAILED (an error) or KILLED (a signal)."""
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -148,7 +150,7 @@ class RunLog:
             self._tensorboard.close()
             self._tensorboard = None
         if self._mlflow is not None:
-            self._mlflow.close()
+            self._mlflow.close(status)
             self._mlflow = None
 
 
@@ -172,6 +174,11 @@ class _MlflowRun:
     def __init__(self, run_dir: Path, uri: str | None):
         from mlflow.tracking import MlflowClient
 
+        if uri is None or urlparse(uri).scheme in ("", "file"):
+            # Recent MLflow (3.x) refuses file stores unless this opt-out is set; the offline store under the
+            # run directory is the point of the default. Process-wide, because MLflow may rebuild the store
+            # (an LRU cache of stores) at any later call. A user's own setting is left as it is.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri or (Path(run_dir).resolve() / "mlruns").as_uri())
         name = "hpcdl"
         experiment = self.client.get_experiment_by_name(name)
@@ -187,5 +194,5 @@ class _MlflowRun:
         for key, value in scalars.items():
             self.client.log_metric(self.run_id, key, value, timestamp=int(timestamp * 1000), step=step)
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status)

@@ -403,6 +403,12 @@ def run_training(config: dict | str, run_dir: str | Path | None = None, progress
             result = run.run()
         run.backend.barrier()  # only after success: a failed rank must not leave the others waiting here
         return result
+    except TrainingInterrupted:
+        run.log.close("KILLED")  # checkpointed on a signal: the MLflow run says stopped, not finished
+        raise
+    except BaseException:
+        run.log.close("FAILED")
+        raise
     finally:
         run.close_data()
         run.log.close()
