@@ -18,9 +18,14 @@ REPRO = Path(__file__).resolve().parents[1] / "tools" / "repro_reader_race.py"
 @pytest.mark.slow
 def test_reader_churn_with_a_collector_thread_never_fails():
     """20 open/iterate-partly/drop cycles of climate and HEP loaders while another thread runs the
-    garbage collector, in a subprocess so that a crash fails the test rather than pytest."""
-    done = subprocess.run([sys.executable, str(REPRO), "--once", "--runs", "20", "--data", "climate-sample",
-                           "hep-sample"], capture_output=True, text=True, timeout=300,
+    garbage collector every millisecond, in a subprocess so that a crash fails the test rather than pytest.
+
+    The repro's default, a collector running back to back, is what failed 20 of 20 trials before the
+    owner thread; it also holds the interpreter lock nearly all the time, so every hand-over to the
+    owner waits for it and 20 cycles take minutes (4.5 min for 8 on an idle 2-core machine). A 1 ms
+    pause keeps collections at random points of the reads and the test to about 30 s."""
+    done = subprocess.run([sys.executable, str(REPRO), "--once", "--runs", "20", "--pause", "0.001", "--data",
+                           "climate-sample", "hep-sample"], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -24,7 +24,7 @@ import sys
 import threading
 
 
-def one_trial(runs: int, names: list[str]) -> None:
+def one_trial(runs: int, names: list[str], pause: float = 0.0) -> None:
     from hpcdl.data import ShardedLoader, load_dataset
 
     stop = threading.Event()
@@ -32,6 +32,8 @@ def one_trial(runs: int, names: list[str]) -> None:
     def collect() -> None:
         while not stop.is_set():
             gc.collect()
+            if pause:
+                stop.wait(pause)  # lets the other threads have the interpreter between collections
 
     collector = threading.Thread(target=collect, daemon=True)
     collector.start()
@@ -58,13 +60,17 @@ def main() -> int:
     parser.add_argument("--data", nargs="+", default=["climate-sample"])
     parser.add_argument("--once", action="store_true", help="run one trial in this process")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="seconds between the collector's collections (0: back to back, which holds the "
+                             "interpreter lock most of the time and slows every other thread)")
     args = parser.parse_args()
     if args.once:
-        one_trial(args.runs, args.data)
+        one_trial(args.runs, args.data, args.pause)
         return 0
     failed = 0
     for trial in range(args.trials):
-        command = [sys.executable, __file__, "--once", "--runs", str(args.runs), "--data", *args.data]
+        command = [sys.executable, __file__, "--once", "--runs", str(args.runs), "--pause", str(args.pause),
+                   "--data", *args.data]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
             code, tail = done.returncode, (done.stderr.strip().splitlines() or [""])[-1]
