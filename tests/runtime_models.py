@@ -113,3 +113,16 @@ def allocating_setup(mebibytes: int):
         return {"sum": float(block.sum())}
 
     return step
+
+
+class SaveForBackward(torch.autograd.Function):
+    """Saves its second argument for backward as it is: the pack hook sees exactly that tensor or view."""
+
+    @staticmethod
+    def forward(ctx, x, saved):
+        ctx.save_for_backward(saved)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None

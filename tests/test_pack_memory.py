@@ -23,6 +23,8 @@ import hpcdl.compress.base as base
 from hpcdl.compress import value_range
 from hpcdl.memory import MeasuringProcess, peak
 
+from runtime_models import SaveForBackward
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -104,22 +106,11 @@ class PackStep:
 
         def step():
             with compressed(nn.Identity(), Policy.static(dict(self.config)), threshold=0) as session:
-                out = _Save.apply(one, x)
+                out = SaveForBackward.apply(one, x)
             assert out.grad_fn is not None and session.stats.fallbacks == 0
             return {"input": x.numel() * x.element_size(), "packed": session.held_bytes}
 
         return step
-
-
-class _Save(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, saved):
-        ctx.save_for_backward(saved)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
 
 
 

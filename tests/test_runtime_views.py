@@ -19,6 +19,8 @@ import hpcdl
 from hpcdl.runtime import Policy, compressed
 from hpcdl.runtime.classify import Footprint, Layout
 
+from runtime_models import SaveForBackward
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
 ALL_RAW = Policy.static({"id": "raw"}, masks={"id": "raw"}, indices={"id": "raw"})
@@ -33,19 +35,6 @@ EXACT_CODECS = {
     torch.bool: Policy.static({"id": "raw"}),  # masks: the default bitmask codec
 }
 DTYPES = list(EXACT_CODECS)
-
-
-class _Save(torch.autograd.Function):
-    """Saves its second argument for backward as it is: the pack hook sees exactly that view."""
-
-    @staticmethod
-    def forward(ctx, x, saved):
-        ctx.save_for_backward(saved)
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
 
 
 @st.composite
@@ -70,7 +59,7 @@ def _save_and_restore(view: torch.Tensor, policy: Policy):
     """Save ``view`` in a session (threshold 0: always packed) and unpack it; (restored, session)."""
     x = torch.zeros(1, requires_grad=True)
     with compressed(nn.Identity(), policy, threshold=0) as session:
-        out = _Save.apply(x, view)
+        out = SaveForBackward.apply(x, view)
     (restored,) = out.grad_fn.saved_tensors  # runs the unpack hook
     return restored, session
 
@@ -185,7 +174,7 @@ def test_named_geometries(name, make, packed):
         view = model.ids[None].expand(64, 512)
         x = torch.zeros(1, requires_grad=True)
         with compressed(model, ALL_RAW, threshold=0) as session:
-            out = _Save.apply(x, view)
+            out = SaveForBackward.apply(x, view)
         assert session.stats.total().original == 0 and session.live_entries == 0
         assert torch.equal(out.grad_fn.saved_tensors[0], view)
         return
