@@ -24,6 +24,7 @@ import importlib.util
 import os
 import socket
 import subprocess
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -240,6 +241,59 @@ class TorchBackend(Backend):
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.dist_backend == "gloo":
+            wait_until_threads_parked(GLOO_WORKER_THREAD)
+
+
+GLOO_WORKER_THREAD = "pt_gloo_runloop"
+
+
+def wait_until_threads_parked(name: str, timeout: float = 2.0, quiet_for: float = 0.02) -> bool:
+    """Wait (releasing the GIL) until this process's threads called ``name`` have stopped running.
+
+    Why: a gloo worker thread drops its last reference to a finished collective just *after* the caller saw
+    it complete; when that reference owns a Python tensor, the drop takes the GIL. If the interpreter is
+    already finalizing by then, the thread is killed inside a C++ destructor and the process aborts
+    (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489). ``destroy_process_group``
+    does not join those threads while a DistributedDataParallel model ever referenced the group, so after the
+    last collective we wait until every such thread has been asleep without a single context switch for
+    ``quiet_for`` seconds (Linux /proc; elsewhere a plain sleep of ``quiet_for``). Returns whether they were
+    quiet before ``timeout``.
+    """
+    task_dir = "/proc/self/task"
+    if not os.path.isdir(task_dir):
+        time.sleep(quiet_for)
+        return True
+    deadline = time.monotonic() + timeout
+    last: dict[str, tuple[str, str]] | None = None
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        now = _thread_activity(task_dir, name)
+        if now != last or any(state == "R" for state, _ in now.values()):
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_for:
+            return True
+        time.sleep(quiet_for / 4)
+    return False
+
+
+def _thread_activity(task_dir: str, name: str) -> dict[str, tuple[str, str]]:
+    """For each thread called ``name``: (scheduler state, context switches so far)."""
+    activity = {}
+    for tid in os.listdir(task_dir):
+        try:
+            with open(f"{task_dir}/{tid}/comm") as comm:
+                if comm.read().strip() != name:
+                    continue
+            with open(f"{task_dir}/{tid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:  # the thread ended between listing and reading
+            continue
+        switches = fields.get("voluntary_ctxt_switches", "").strip() + "/" + fields.get(
+            "nonvoluntary_ctxt_switches", ""
+        ).strip()
+        activity[tid] = (fields.get("State", "?").strip()[:1], switches)
+    return activity
 
 
 def _rendezvous_address() -> tuple[str, int]:
