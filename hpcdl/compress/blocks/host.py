@@ -143,6 +143,36 @@ if os.environ.get(ISA_VARIABLE):
         raise type(err)(f"{ISA_VARIABLE}={os.environ[ISA_VARIABLE]}: {err}") from None
 
 
+def _openmp_thread_controls() -> tuple | None:
+    """(omp_get_max_threads, omp_set_num_threads) of the OpenMP runtime the library runs on, or None without one."""
+    try:
+        get_threads, set_threads = LIBRARY.omp_get_max_threads, LIBRARY.omp_set_num_threads
+    except AttributeError:
+        return None
+    get_threads.restype, get_threads.argtypes = c_int, []
+    set_threads.restype, set_threads.argtypes = None, [c_int]
+    return get_threads, set_threads
+
+
+_OPENMP = _openmp_thread_controls() if LIBRARY is not None else None
+
+
+def _use_torch_threads() -> None:
+    """Run the next kernel call on as many threads as torch's intra-op pool has (``torch.set_num_threads``).
+
+    The library shares torch's OpenMP runtime, but OpenMP's thread count is per calling thread: torch sets it
+    on the thread that called ``set_num_threads`` and on threads that run torch's own parallel loops, while a
+    fresh thread (a data loader's, a background encoder's) starts from OMP_NUM_THREADS or every core. Checked
+    on every call, so a later ``torch.set_num_threads`` applies too.
+    """
+    if _OPENMP is None:
+        return
+    get_threads, set_threads = _OPENMP
+    wanted = torch.get_num_threads()
+    if get_threads() != wanted:
+        set_threads(wanted)
+
+
 def _ptr(tensor: torch.Tensor) -> int:
     return tensor.data_ptr()
 
@@ -157,6 +187,7 @@ def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload 
     """The whole sz payload of flat ``x`` in one pass over it: (data, words, outliers, checksum), or None when the
     stream would be larger than ``raw_size`` bytes. The same bytes as the two passes of the reference and the GPU
     (block headers and outlier counts, prefix sums, then words and outliers)."""
+    _use_torch_threads()
     n, value_size = x.numel(), x.element_size()
     blocks = block_count(n)
     parts = (blocks + PART_BLOCKS - 1) // PART_BLOCKS
@@ -189,16 +220,19 @@ def _align64(nbytes: int) -> int:
 
 
 def block_headers(q: torch.Tensor) -> torch.Tensor:
+    _use_torch_threads()
     headers = torch.empty(block_count(q.numel()), dtype=torch.uint8)
     LIBRARY.hpcdl_block_headers(_ptr(q), q.numel(), _ptr(headers))
     return headers
 
 
 def pack(q: torch.Tensor, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor) -> None:
+    _use_torch_threads()
     LIBRARY.hpcdl_pack(_ptr(q), q.numel(), _ptr(headers), _ptr(offsets), _ptr(words))
 
 
 def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, numel: int) -> torch.Tensor:
+    _use_torch_threads()
     q = torch.empty(numel, dtype=torch.int32)
     LIBRARY.hpcdl_unpack(_ptr(headers), _ptr(offsets), _ptr(words), numel, _ptr(q))
     return q
@@ -208,6 +242,7 @@ def sz_decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: i
               params: SzParams) -> torch.Tensor:
     """Decoded flat tensor (outliers still 0), after checking that the block headers have at most 32 words each
     and ``n_words`` in all (CodecError if not): the validation, prefix sum and unpacking in one call."""
+    _use_torch_threads()
     out = torch.empty(numel, dtype=dtype)
     part_first_words = torch.empty(max(1, (block_count(numel) + PART_BLOCKS - 1) // PART_BLOCKS), dtype=torch.int64)
     status = LIBRARY.hpcdl_sz_decode(DTYPE_CODES[dtype], _ptr(headers), n_words, _ptr(words), numel,
@@ -220,4 +255,5 @@ def sz_decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: i
 
 
 def checksum(data: torch.Tensor) -> int:
+    _use_torch_threads()
     return int(LIBRARY.hpcdl_checksum(_ptr(data), data.numel() // 8))

@@ -1,0 +1,71 @@
+"""The host kernels run on as many OpenMP threads as torch's intra-op pool, from whichever thread calls them.
+
+OpenMP's thread count is per calling thread: ``torch.set_num_threads`` sets it for the thread that calls it,
+and a fresh thread starts from OMP_NUM_THREADS or every core. hpcdl.compress.blocks.host sets the calling
+thread's count to ``torch.get_num_threads()`` before each kernel call; these checks read the count the
+kernel call left in force (what its parallel loops used).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from hpcdl.compress import get_codec
+from hpcdl.compress.blocks import host
+
+from conftest import require
+
+SZ = {"id": "sz", "mode": "rel", "bound": 1e-2}
+
+
+def openmp_threads_after(call) -> tuple[int, int]:
+    """In a fresh thread: (OpenMP's thread count before ``call()``, and after it)."""
+    get_threads, _ = host._OPENMP
+    seen = {}
+
+    def run():
+        seen["before"] = get_threads()
+        call()
+        seen["after"] = get_threads()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return seen["before"], seen["after"]
+
+
+@pytest.fixture
+def torch_threads():
+    """Restore torch's thread count after the test."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_fresh_thread_encodes_and_decodes_on_torchs_thread_count(torch_threads):
+    require(host.AVAILABLE and host._OPENMP is not None, "the host kernel library is not built with OpenMP")
+    require((os.cpu_count() or 1) > 1 and os.environ.get("OMP_NUM_THREADS", "2") != "1",
+            "OpenMP's default is one thread here, so a fresh thread's count cannot differ from torch's")
+    codec = get_codec(SZ)
+    x = torch.randn(1 << 20)
+    torch.set_num_threads(1)
+    before, after = openmp_threads_after(lambda: codec.encode(x))
+    assert before > 1, "the check is void: a fresh thread already ran on one thread"
+    assert after == 1
+    packed = codec.encode(x)
+    assert openmp_threads_after(lambda: codec.decode(packed))[1] == 1
+
+
+def test_a_later_set_num_threads_applies_to_the_next_call(torch_threads):
+    require(host.AVAILABLE and host._OPENMP is not None, "the host kernel library is not built with OpenMP")
+    codec = get_codec(SZ)
+    x = torch.randn(1 << 16)
+    torch.set_num_threads(1)
+    codec.encode(x)
+    torch.set_num_threads(2)
+    codec.encode(x)
+    assert host._OPENMP[0]() == 2
