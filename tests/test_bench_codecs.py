@@ -107,3 +107,29 @@ def test_bad_bounds_are_a_usage_error(capsys):
 def test_bad_device_is_refused(capsys):
     assert main(["bench", "codecs", "--quick", "--device", "tpu"]) == 2
     assert "--device must be cpu or cuda" in capsys.readouterr().err
+
+
+def test_codecs_option_runs_only_the_named_codecs_beside_a_background_load(tmp_path):
+    out = tmp_path / "sz.json"
+    assert main(["bench", "codecs", "--quick", "--bounds", "1e-2", "--threads", "1", "--codecs", "sz,cast",
+                 "--load", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [row["label"] for row in report["results"]] == ["sz rel 0.01", "cast bf16"]
+    assert report["machine"]["background_load_processes"] == 1
+    assert report["machine"]["openmp_wait_policy"]
+
+
+def test_an_unknown_codec_id_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="no codec zstd; choose from sz, sz3, zfp, quant, cast"):
+        codec_suite((0.01,), ("sz", "zstd"))
+
+
+def test_background_load_runs_busy_processes_only_inside_its_block():
+    from hpcdl.bench.load import background_load
+
+    with background_load(2) as workers:
+        assert len(workers) == 2 and all(worker.poll() is None for worker in workers)
+    assert all(worker.poll() is not None for worker in workers)
+    with pytest.raises(ValueError, match="number of busy processes >= 0"):
+        with background_load(-1):
+            pass

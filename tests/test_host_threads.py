@@ -3,7 +3,8 @@
 OpenMP's thread count is per calling thread: ``torch.set_num_threads`` sets it for the thread that calls it,
 and a fresh thread starts from OMP_NUM_THREADS or every core. hpcdl.compress.blocks.host sets the calling
 thread's count to ``torch.get_num_threads()`` before each kernel call; these checks read the count the
-kernel call left in force (what its parallel loops used).
+kernel call left in force (what its parallel loops used). The ``hpcdl`` command also makes idle OpenMP
+threads sleep rather than spin (OMP_WAIT_POLICY), unless the user chose.
 """
 
 from __future__ import annotations
@@ -69,3 +70,26 @@ def test_a_later_set_num_threads_applies_to_the_next_call(torch_threads):
     torch.set_num_threads(2)
     codec.encode(x)
     assert host._OPENMP[0]() == 2
+
+
+def openmp_wait_policy_seen_by(program: str, policy: str | None) -> str:
+    """What ``program`` prints, run in a fresh Python with OMP_WAIT_POLICY=``policy`` (None: unset)."""
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
+    return subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+CLI_START = ("import os\nfrom hpcdl.cli import prefer_passive_openmp_threads\nprefer_passive_openmp_threads()\n"
+             "print(os.environ.get('OMP_WAIT_POLICY'))")
+
+
+def test_the_command_makes_idle_openmp_threads_sleep_unless_the_user_chose():
+    assert openmp_wait_policy_seen_by(CLI_START, None) == "PASSIVE"
+    assert openmp_wait_policy_seen_by(CLI_START, "active") == "active"
+    # once torch is loaded its OpenMP runtime has read the variable: setting it then would only mislead
+    assert openmp_wait_policy_seen_by("import torch\n" + CLI_START, None) == "None"

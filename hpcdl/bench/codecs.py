@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from hpcdl.bench.activations import benchmark_activations, describe
+from hpcdl.bench.load import background_load
 from hpcdl.compress import Codec, check_bound, get_codec, value_range
 
 DEFAULT_BOUNDS = (1e-1, 1e-2, 1e-3)
@@ -45,8 +46,13 @@ class Entry:
     config: dict
 
 
-def codec_suite(bounds: tuple[float, ...] = DEFAULT_BOUNDS) -> list[Entry]:
-    """The configurations the benchmark runs, error-bounded ones at each ``rel`` bound first."""
+def codec_suite(bounds: tuple[float, ...] = DEFAULT_BOUNDS, only: tuple[str, ...] = ()) -> list[Entry]:
+    """The configurations the benchmark runs, error-bounded ones at each ``rel`` bound first; ``only`` keeps
+    the entries of those codec ids (all when empty)."""
+    known = (*BOUNDED_IDS, "quant", "cast")
+    unknown = sorted(set(only) - set(known))
+    if unknown:
+        raise ValueError(f"the codec benchmark has no codec {', '.join(unknown)}; choose from {', '.join(known)}")
     entries = [
         Entry(f"{codec_id} rel {bound:g}", {"id": codec_id, "mode": "rel", "bound": bound})
         for bound in bounds
@@ -54,15 +60,17 @@ def codec_suite(bounds: tuple[float, ...] = DEFAULT_BOUNDS) -> list[Entry]:
     ]
     entries += [Entry(f"quant {bits}-bit", {"id": "quant", "bits": bits, "group_size": 256, "seed": 0}) for bits in QUANT_BITS]
     entries.append(Entry("cast bf16", {"id": "cast", "dtype": "bf16"}))
-    return entries
+    return [entry for entry in entries if not only or entry.config["id"] in only]
 
 
 def run_codec_benchmark(bounds: tuple[float, ...] = DEFAULT_BOUNDS, quick: bool = False, repeats: int | None = None,
-                        device: str = "cpu", seed: int = 0, threads: int | None = None, progress=None) -> dict:
-    """Capture the activations, run every entry of :func:`codec_suite` on them, and return the JSON-safe report.
+                        device: str = "cpu", seed: int = 0, threads: int | None = None, progress=None,
+                        only: tuple[str, ...] = (), load: int = 0) -> dict:
+    """Capture the activations, run the entries of :func:`codec_suite` on them, and return the JSON-safe report.
 
     ``threads`` sets torch's intra-op threads for the run (the sz host kernels use as many as torch does);
-    None keeps the current setting.
+    None keeps the current setting. ``only`` limits the codecs (ids); ``load`` busy processes run beside the
+    measurements (:func:`hpcdl.bench.load.background_load`), as a training job's other threads would.
     """
     if not bounds:
         raise ValueError("give at least one error bound, e.g. --bounds 1e-1,1e-2,1e-3")
@@ -73,13 +81,18 @@ def run_codec_benchmark(bounds: tuple[float, ...] = DEFAULT_BOUNDS, quick: bool 
         raise ValueError(f"threads must be at least 1, got {threads}")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads or previous_threads)
+    suite = codec_suite(tuple(bounds), tuple(only))
     try:
-        return _run(tuple(bounds), quick, repeats, device, seed, progress)
+        with background_load(load):
+            report = _run(suite, tuple(bounds), quick, repeats, device, seed, progress)
+        report["machine"]["background_load_processes"] = load
+        return report
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run(bounds: tuple[float, ...], quick: bool, repeats: int, device: str, seed: int, progress) -> dict:
+def _run(suite: list[Entry], bounds: tuple[float, ...], quick: bool, repeats: int, device: str, seed: int,
+         progress) -> dict:
     workloads = benchmark_activations(quick=quick, seed=seed, device=device)
     floats = [(w.model, t) for w in workloads for t in w.tensors if t.dtype.is_floating_point]
     report = {
@@ -94,7 +107,7 @@ def _run(bounds: tuple[float, ...], quick: bool, repeats: int, device: str, seed
         "throughput_note": "GB/s of original bytes, best of repeats; *_cpu_gbps per CPU-second of this process",
         "results": [],
     }
-    for entry in codec_suite(bounds):
+    for entry in suite:
         if progress:
             progress(entry.label)
         report["results"].append(measure(entry, floats, repeats))
@@ -169,6 +182,8 @@ def format_report(report: dict) -> str:
     lines = [
         f"activations ({'--quick' if report['quick'] else 'full'}, device {report['device']}, "
         f"best of {report['repeats']}, {report['machine']['torch_threads']} torch threads, "
+        f"OMP_WAIT_POLICY {report['machine']['openmp_wait_policy']}, "
+        f"{report['machine'].get('background_load_processes', 0)} busy background processes, "
         f"sz backend {_sz_backend(report['machine'])}):"
     ]
     for workload in report["workloads"]:
@@ -297,6 +312,7 @@ def _machine(device: str) -> dict:
         "load_average_1min": os.getloadavg()[0],
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "openmp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (spins, then sleeps)"),
         "sz_backend": backend,
         "sz_host_isa": host.active_isa() if backend == "host" else None,
         "gpu": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None,

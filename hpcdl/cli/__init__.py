@@ -12,6 +12,7 @@ import contextlib
 import importlib
 import io
 import logging
+import os
 import sys
 
 from hpcdl import __version__
@@ -98,7 +99,25 @@ def error_line(command: str, err: BaseException) -> str:
     return f"hpcdl {command}: error: {message}"
 
 
+OPENMP_WAIT_POLICY = "PASSIVE"
+
+
+def prefer_passive_openmp_threads() -> None:
+    """Make idle OpenMP threads sleep instead of spin, unless the user chose (OMP_WAIT_POLICY is set).
+
+    torch's intra-op pool and the host codec kernels share one OpenMP runtime. By default its idle threads
+    busy-wait after every parallel loop, taking cores from whatever else runs: data-loader workers, the
+    other ranks of a job, other jobs on a shared node: with one core busy elsewhere, spinning threads cut
+    the sz encoder's speed 2.1x (docs/codecs.md, "Threads on a loaded machine"). The runtime reads the
+    variable once, when torch loads it, so this runs before any command imports torch (and the command's
+    subprocesses inherit it).
+    """
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", OPENMP_WAIT_POLICY)
+
+
 def main(argv: list[str] | None = None) -> int:
+    prefer_passive_openmp_threads()
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.debug)

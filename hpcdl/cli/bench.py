@@ -48,7 +48,20 @@ def _register_codecs(bench_subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed for the model weights and input images")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch (and sz host kernel) threads for the run (default: torch's current setting)")
+    parser.add_argument("--codecs", type=parse_codec_ids, default=(),
+                        help="comma-separated codec ids to run, e.g. sz,cast (default: all)")
+    parser.add_argument("--load", type=int, default=0,
+                        help="busy processes (one torch thread each) running beside the measurements, as a "
+                        "training job's other threads would (default 0: an otherwise idle machine)")
     parser.set_defaults(handler=run_codecs)
+
+
+def parse_codec_ids(text: str) -> tuple[str, ...]:
+    """``"sz,cast"`` -> ("sz", "cast"); the benchmark checks the ids."""
+    ids = tuple(item.strip() for item in text.split(",") if item.strip())
+    if not ids:
+        raise argparse.ArgumentTypeError(f"name at least one codec id, e.g. sz,cast; got {text!r}")
+    return ids
 
 
 def parse_bounds(text: str) -> tuple[float, ...]:
@@ -79,6 +92,8 @@ def run_codecs(args) -> int:
         device=args.device,
         seed=args.seed,
         threads=args.threads,
+        only=args.codecs,
+        load=args.load,
         progress=lambda label: print(f"  running {label}", file=sys.stderr, flush=True),
     )
     print(format_report(report))
