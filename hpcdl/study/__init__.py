@@ -5,7 +5,7 @@ trainer and appends it to ``results.jsonl``, ``write_report`` turns the results 
 with PNG plots. The command line is ``hpcdl study run|report``.
 """
 
-from hpcdl.study.methods import Method, parse_method, parse_methods
+from hpcdl.train.method_spec import Method, parse_method, parse_methods
 from hpcdl.study.report import write_report
 from hpcdl.study.results import append_record, read_results
 from hpcdl.study.sweep import PlannedRun, RunSpec, parse_shard, plan_sweep, run_sweep, shard
