@@ -17,6 +17,7 @@ The classes, by layer (see docs/architecture.md):
 - train: ``ConfigError`` (:mod:`hpcdl.train.config`), ``CheckpointError`` (:mod:`hpcdl.train.checkpoint`),
   ``MethodSpecError`` (:mod:`hpcdl.train.method_spec`: the method specs the study and the benchmarks parse)
 - slurm: ``SlurmError`` (:mod:`hpcdl.slurm.systems`)
+- bench: ``MemoryBenchError`` (:mod:`hpcdl.bench.memory`)
 
 >>> from hpcdl.compress import CodecError
 >>> issubclass(CodecError, HpcdlError) and issubclass(CodecError, ValueError)

@@ -108,14 +108,15 @@ class Method:
         ``checkpoint_blocks()``); ``threshold``: bytes below which the codec keeps a saved tensor
         (default the session's).
         """
-        from hpcdl.runtime.methods import Codec, Offload, Plain, Recompute, compose, model_blocks
+        from hpcdl.runtime.methods import ActivationMethod, Codec, Offload, Plain, Recompute, compose, model_blocks
         from hpcdl.runtime.policy import policy_from_spec
 
-        parts = []
+        parts: list[ActivationMethod] = []
         for part in self.parts:
             if part == "codec":
-                options = {} if threshold is None else {"threshold": threshold}
-                parts.append(Codec(policy_from_spec(self.policy), **options))
+                policy = policy_from_spec(self.policy)
+                assert policy is not None  # parse_method gives a codec kind only to a policy that compresses
+                parts.append(Codec(policy) if threshold is None else Codec(policy, threshold))
             elif part == "recompute":
                 parts.append(Recompute(blocks or model_blocks))
             elif part == "offload":
@@ -176,10 +177,10 @@ def parse_methods(specs: str | list[str | Method]) -> list[Method]:
     piece that holds ``=`` but no ``:`` continues the previous codec spec.
     """
     pieces = [piece.strip() for piece in specs.split(",")] if isinstance(specs, str) else list(specs)
-    joined: list[str] = []
+    joined: list[str | Method] = []
     for piece in pieces:
         if joined and isinstance(piece, str) and "=" in piece and ":" not in piece:
-            joined[-1] = f"{joined[-1]},{piece}"
+            joined[-1] = f"{joined[-1]!s},{piece}"
         else:
             joined.append(piece)
     methods = [piece if isinstance(piece, Method) else parse_method(piece) for piece in joined]
