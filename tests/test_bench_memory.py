@@ -136,3 +136,17 @@ def test_the_command_refuses_bad_input(args, message, capsys, tmp_path):
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "bench-memory.json").exists()
+
+
+def test_recompute_with_a_codec_is_one_method_spec_for_the_study_and_the_benchmark():
+    from hpcdl.train.config import load_config
+    from hpcdl.train.method_spec import parse_method
+
+    method = parse_method("recompute+sz:rel=1e-2")
+    assert method.kind == "recompute+codec" and method.codec_config == {"id": "sz", "mode": "rel", "bound": 0.01}
+    assert parse_method("checkpoint+sz:rel=1e-2") == method  # the old name of recompute
+    assert method.activation_method().describe() == "recompute+codec:sz:rel=0.01"
+    config = load_config("hep-jets", overrides=method.overrides())
+    assert config["compression"]["method"] == "recompute+codec"
+    assert config["compression"]["codec"] == {"id": "sz", "mode": "rel", "bound": 0.01}
+    assert parse_method("recompute+offload").activation_method().describe() == "recompute+offload"

@@ -50,7 +50,7 @@ class Stats:
     at once during backward.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.rows: dict[tuple[str, str], Row] = defaultdict(Row)
         self.verified = 0  # decoded spans checked against their originals (verify mode)
         self.largest_packed_original = 0
