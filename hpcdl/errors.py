@@ -14,9 +14,10 @@ The classes, by layer (see docs/architecture.md):
 - models: ``ModelError`` (:mod:`hpcdl.models.registry`)
 - runtime: ``PolicySpecError`` (:mod:`hpcdl.runtime.policy`); ``VerificationError``, ``ReleasedError``
   (:mod:`hpcdl.runtime.session`, exit code 1: they happen during a run)
-- train: ``ConfigError`` (:mod:`hpcdl.train.config`), ``CheckpointError`` (:mod:`hpcdl.train.checkpoint`)
+- train: ``ConfigError`` (:mod:`hpcdl.train.config`), ``CheckpointError`` (:mod:`hpcdl.train.checkpoint`),
+  ``MethodSpecError`` (:mod:`hpcdl.train.method_spec`: the method specs the study and the benchmarks parse)
 - slurm: ``SlurmError`` (:mod:`hpcdl.slurm.systems`)
-- study: ``MethodSpecError`` (:mod:`hpcdl.study.methods`)
+- bench: ``MemoryBenchError`` (:mod:`hpcdl.bench.memory`)
 
 >>> from hpcdl.compress import CodecError
 >>> issubclass(CodecError, HpcdlError) and issubclass(CodecError, ValueError)

@@ -13,20 +13,25 @@ decompresses. So this package measures it, on the step the trainer runs
 - :mod:`~hpcdl.memory.step`: :class:`Workload` and :class:`TrainStep`, the
   picklable description of one step (model, batch, method, optimizer);
 - :mod:`~hpcdl.memory.process`: :func:`peak`, measuring on CUDA here and on the
-  CPU in a fresh measuring process (:class:`MeasuringProcess`), after one
+  CPU in a fresh measuring process (:class:`MeasuringProcess`; :class:`FreshProcesses` starts one per
+  measurement), after one
   warm-up step, the measured step's peak above what existed before it;
+- :mod:`~hpcdl.memory.breakdown`: :func:`breakdown`, a measured peak written as its
+  parts (gradients, what the forward left held, packed activations, decoded tensors in backward)
+  plus the unexplained remainder, beside the resident weights, buffers, optimizer state and batch;
 - :mod:`~hpcdl.memory.search`: :func:`max_batch` / :func:`search_batch`, the
   largest per-device batch within a budget over measured peaks (doubling, then
   bisection).
 """
 
 from hpcdl.memory.allocator import MMAP_THRESHOLD, return_freed_memory_to_os
+from hpcdl.memory.breakdown import StepParts, breakdown
 from hpcdl.memory.peak import PeakMemory, PeakReport
-from hpcdl.memory.process import MeasuringProcess, peak
+from hpcdl.memory.process import FreshProcesses, MeasuringProcess, peak
 from hpcdl.memory.search import BatchSearch, max_batch, search_batch
 from hpcdl.memory.step import TrainStep, Workload
 
 __all__ = [
-    "BatchSearch", "MMAP_THRESHOLD", "MeasuringProcess", "PeakMemory", "PeakReport", "TrainStep", "Workload",
-    "max_batch", "peak", "return_freed_memory_to_os", "search_batch",
+    "BatchSearch", "FreshProcesses", "MMAP_THRESHOLD", "MeasuringProcess", "PeakMemory", "PeakReport", "StepParts", "TrainStep",
+    "Workload", "breakdown", "max_batch", "peak", "return_freed_memory_to_os", "search_batch",
 ]

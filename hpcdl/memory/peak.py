@@ -33,6 +33,16 @@ def status_bytes(field_name: str) -> int:
     raise OSError(f"/proc/self/status has no {field_name} line")
 
 
+def current_bytes(device: torch.device) -> int:
+    """What is allocated now: CUDA's allocated tensor bytes, or the CPU's resident set size."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else status_bytes("VmRSS")
+
+
+def high_water_bytes(device: torch.device) -> int:
+    """The most allocated since the last reset (:meth:`PeakMemory.start`): CUDA's allocated peak, or ``VmHWM``."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else status_bytes("VmHWM")
+
+
 class PeakMemory:
     """Start before what is measured; :meth:`bytes` is the peak above the start since then.
 
@@ -54,11 +64,11 @@ class PeakMemory:
     def start(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.baseline = torch.cuda.memory_allocated(self.device)
+            self.baseline = current_bytes(self.device)
             return
         try:
             Path("/proc/self/clear_refs").write_text("5")  # "5" resets VmHWM to the current RSS
-            self.baseline = status_bytes("VmRSS")
+            self.baseline = current_bytes(self.device)
         except OSError as err:
             if self.strict:
                 raise RuntimeError(f"measuring a CPU peak needs Linux's /proc/self/clear_refs to reset the peak RSS "
@@ -67,10 +77,10 @@ class PeakMemory:
 
     def bytes(self) -> int:
         if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) - self.baseline
+            return high_water_bytes(self.device) - self.baseline
         if not self.available:
             return 0
-        return max(status_bytes("VmHWM") - self.baseline, 0)
+        return max(high_water_bytes(self.device) - self.baseline, 0)
 
 
 @dataclass(frozen=True)

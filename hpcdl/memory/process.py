@@ -68,6 +68,24 @@ class MeasuringProcess:
         self.close()
 
 
+class FreshProcesses:
+    """Measures every setup in a new :class:`MeasuringProcess`, closed after it: a probe inherits nothing
+    (heap pages, caches) from the one before, at the price of starting Python and torch each time.
+
+    Pass it as ``process=`` wherever a :class:`MeasuringProcess` is taken.
+    """
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+
+    def peak(self, setup: Callable) -> PeakReport:
+        with MeasuringProcess(self.threads) as fresh:
+            return fresh.peak(setup)
+
+    def close(self) -> None:
+        """Nothing stays open between measurements."""
+
+
 def _read_frame(stream) -> bytes:
     head = stream.read(8)
     if len(head) < 8:
@@ -104,7 +122,8 @@ def _device_of(setup) -> torch.device:
 
 
 def peak(
-    setup: Callable, *, device: str | None = None, threads: int | None = None, process: MeasuringProcess | None = None
+    setup: Callable, *, device: str | None = None, threads: int | None = None,
+    process: MeasuringProcess | FreshProcesses | None = None,
 ) -> PeakReport:
     """The true peak memory of one training step, above what existed before it.
 

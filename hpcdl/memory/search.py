@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from hpcdl.memory.peak import PeakReport, measure_step
-from hpcdl.memory.process import MeasuringProcess
+from hpcdl.memory.process import FreshProcesses, MeasuringProcess
 from hpcdl.memory.step import TrainStep, Workload, step_method
 from hpcdl.runtime.methods import ActivationMethod
 from hpcdl.runtime.policy import Policy, as_policy
@@ -44,7 +44,7 @@ def search_batch(
     seed: int = 0,
     threads: int | None = None,
     on_probe: Callable[[int, PeakReport], None] | None = None,
-    process: MeasuringProcess | None = None,
+    process: MeasuringProcess | FreshProcesses | None = None,
     method: ActivationMethod | None = None,
     optimizer: Callable | None = None,
     **workload,

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 
+from hpcdl.memory.breakdown import StepProbe, tensor_bytes
 from hpcdl.runtime import methods
 from hpcdl.runtime.methods import ActivationMethod, Codec, Plain
 from hpcdl.runtime.policy import Policy, as_policy
@@ -53,6 +54,7 @@ class Workload:
     ``loss(output, y)`` default to the zoo model family's ``example_batch`` and
     ``loss``; a custom model needs ``batch`` (its loss defaults to
     cross-entropy for integer targets, else mean squared error).
+    ``input_shape`` (zoo models) replaces the scale's per-sample input shape.
     """
 
     model: str | Callable
@@ -60,6 +62,7 @@ class Workload:
     options: dict = field(default_factory=dict)
     batch: str | Callable | None = None
     loss: str | Callable | None = None
+    input_shape: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, model, **kw) -> Workload:
@@ -79,7 +82,8 @@ class Workload:
 
     def describe(self) -> str:
         if self.zoo_name:
-            return f"{self.zoo_name} ({self.scale})"
+            shape = f", input {'x'.join(map(str, self.input_shape))}" if self.input_shape else ""
+            return f"{self.zoo_name} ({self.scale}{shape})"
         return self.model if isinstance(self.model, str) else getattr(self.model, "__qualname__", repr(self.model))
 
     def build(self, batch_size: int, seed: int):
@@ -92,9 +96,11 @@ class Workload:
             family = models.family(self.zoo_name)
             model = family.build(self.scale, **self.options)
             make_batch = _resolve(self.batch, "batch") if self.batch else \
-                (lambda size, gen: family.example_batch(self.scale, size, gen))
+                (lambda size, gen: family.example_batch(self.scale, size, gen, self.input_shape))
             loss = _resolve(self.loss, "loss") if self.loss else family.loss
         else:
+            if self.input_shape is not None:
+                raise ValueError(f"input_shape applies to hpcdl.models models; {self.describe()} takes its batch from batch=")
             model = _resolve(self.model, "model")(**self.options)
             if not isinstance(model, torch.nn.Module):
                 raise TypeError(f"model factory {self.describe()} returned {type(model).__name__}, not an nn.Module")
@@ -137,7 +143,9 @@ class TrainStep:
     and optimizer on ``device`` and returns the step function (a setup for
     :func:`hpcdl.memory.peak`): :func:`hpcdl.runtime.methods.train_step`, then the gradients
     released, so the measured step starts where a previous step left off. The step returns the
-    session's activation byte counts and the name of the step function it ran.
+    session's activation byte counts, the name of the step function it ran and the parts of its
+    memory (``parts``, a :class:`~hpcdl.memory.breakdown.StepParts` as a dict; see
+    :func:`hpcdl.memory.breakdown.breakdown`).
     """
 
     workload: Workload
@@ -165,8 +173,17 @@ class TrainStep:
         step_function = methods.train_step
         name = f"{step_function.__module__}.{step_function.__qualname__}"
 
+        probe = StepProbe(device)
+
+        def loss_at_forward_end(output, target):
+            loss = loss_fn(output, target)
+            probe.forward_end()
+            return loss
+
         def step() -> dict:
-            result = step_function(model, method, x, y, loss_fn, optimizer)
+            probe.start()
+            result = step_function(model, method, x, y, loss_at_forward_end, optimizer)
+            gradients = tensor_bytes([p.grad for p in model.parameters() if p.grad is not None])
             optimizer.zero_grad(set_to_none=True)
             stats = result.stats
             return {
@@ -174,6 +191,7 @@ class TrainStep:
                 "activation_packed_bytes": stats.packed_bytes if stats else 0,
                 "step_function": name,
                 "method": method.describe(),
+                "parts": asdict(probe.parts(model, optimizer, (x, y), gradients, stats)),
             }
 
         return step

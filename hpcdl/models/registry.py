@@ -103,17 +103,25 @@ class ModelFamily:
         return list(model.checkpoint_blocks())
 
     def example_batch(
-        self, scale: str, batch_size: int, generator: torch.Generator | None = None
+        self, scale: str, batch_size: int, generator: torch.Generator | None = None,
+        input_shape: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Random (x, y) of the right shapes and dtypes on the CPU, for memory and speed runs only.
 
         x: standard normal floats, or uniform token ids for language models; y: uniform
         class ids (N,), per-pixel class ids (N, H, W), or next-token ids (N, T). Nothing
         about it is learnable beyond memorisation: never report accuracy on it.
+        ``input_shape`` replaces the scale's per-sample shape (same number of dimensions), e.g. a
+        fully convolutional model at another image size.
         """
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ModelError(f"batch_size must be a positive int, got {batch_size!r}")
         shape = self.input_shape(scale)
+        if input_shape is not None:
+            if len(input_shape) != len(shape) or not all(isinstance(n, int) and n > 0 for n in input_shape):
+                raise ModelError(f"input_shape for {self.name} is {len(shape)} positive sizes like "
+                                 f"{'x'.join(map(str, shape))} (its {scale} shape), got {input_shape!r}")
+            shape = tuple(input_shape)
         if self.task == "language":
             tokens = torch.randint(self.num_classes, (batch_size, shape[0] + 1), generator=generator)
             return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -20,7 +20,9 @@ Pack (during forward), for each saved tensor:
 Unpack (during backward) decodes into a fresh tensor and returns the view
 autograd saved (same size; same strides and offset when its span was packed)
 without ever writing into it, so expanded and overlapping views restore too. A decoded span is reused by a
-second view only while the first unpacked tensor is still alive. Packed data
+second view only while the first unpacked tensor is still alive (the session's
+:class:`~hpcdl.runtime.stats.Stats` count the decoded bytes alive, through a
+finalizer on each decoded storage, and their peak). Packed data
 lives in entries owned by the handles autograd holds, so it is freed as soon
 as autograd drops the graph (after backward) or when :meth:`Session.release`
 is called.
@@ -127,7 +129,10 @@ class _Entry:
         if base.storage_offset():
             base = base.clone()
         # A weak reference to the storage (not to `base`): the unpacked views keep the storage alive, not `base`.
-        self.decoded, self.decoded_layout = weakref.ref(base.untyped_storage()), (base.size(), base.stride())
+        storage = base.untyped_storage()
+        self.decoded, self.decoded_layout = weakref.ref(storage), (base.size(), base.stride())
+        self.stats.decoded(storage.nbytes())
+        weakref.finalize(storage, self.stats.decoded_freed, storage.nbytes())
         return base
 
     def release(self) -> None:
@@ -284,6 +289,7 @@ class Session:
             return entry
         row.encode_s += time.perf_counter() - start
         row.packed += entry.packed.nbytes
+        self.stats.largest_packed_original = max(self.stats.largest_packed_original, nbytes)
         entry.codec = codec
         if self.verify:
             entry.original = base.detach().clone(memory_format=torch.contiguous_format)
@@ -305,6 +311,15 @@ class Session:
         if isinstance(saved, _SavedRef):
             return saved.entry.restore(saved.footprint)
         return saved
+
+
+def active_session() -> Session | None:
+    """The session whose forward is running in this thread (inside its ``with`` block), or None.
+
+    For code that runs inside a forward and reports on it, e.g. the measured step of
+    :mod:`hpcdl.memory`, which reads :attr:`Session.held_bytes` at the end of the forward.
+    """
+    return getattr(_active, "session", None)
 
 
 def compressed(

@@ -42,11 +42,28 @@ class Row:
 
 
 class Stats:
-    """Per-(module, kind) :class:`Row` s, filled by a session's hooks."""
+    """Per-(module, kind) :class:`Row` s, filled by a session's hooks, and the sizes of what backward decoded.
 
-    def __init__(self):
+    ``largest_packed_original`` is the largest span a codec packed, in bytes before packing (alive
+    uncompressed until the forward code drops it); ``decoded_live_bytes`` the bytes of decoded spans
+    still alive (an unpacked tensor autograd still holds), ``decoded_peak_bytes`` the most of them alive
+    at once during backward.
+    """
+
+    def __init__(self) -> None:
         self.rows: dict[tuple[str, str], Row] = defaultdict(Row)
         self.verified = 0  # decoded spans checked against their originals (verify mode)
+        self.largest_packed_original = 0
+        self.decoded_live_bytes = 0
+        self.decoded_peak_bytes = 0
+
+    def decoded(self, nbytes: int) -> None:
+        """A span of ``nbytes`` was decoded; call :meth:`decoded_freed` with the same size when it is freed."""
+        self.decoded_live_bytes += nbytes
+        self.decoded_peak_bytes = max(self.decoded_peak_bytes, self.decoded_live_bytes)
+
+    def decoded_freed(self, nbytes: int) -> None:
+        self.decoded_live_bytes -= nbytes
 
     def row(self, module: str, kind: str) -> Row:
         return self.rows[(module, kind)]

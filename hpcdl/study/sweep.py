@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdl.memory.allocator import return_freed_memory_to_os
-from hpcdl.study.methods import Method, parse_methods, yaml_scalar
 from hpcdl.study.results import append_record, read_results, result_files
 from hpcdl.train.distributed import detect_world
+from hpcdl.train.method_spec import Method, parse_methods, yaml_scalar
 
 RECORD_VERSION = 1
 

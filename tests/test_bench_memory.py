@@ -1,0 +1,152 @@
+"""``hpcdl bench memory`` and the peak accounting behind it: the breakdown's parts, the rule that compression
+never raises the step peak, and the command end to end with its bad-input errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+from hpcdl import memory
+from hpcdl.bench.memory import MemoryBenchError, parse_batches, parse_budgets, project
+from hpcdl.cli import main
+
+from runtime_models import wide_cnn, wide_cnn_batch
+
+SMALL_CNN = memory.Workload(
+    "runtime_models:wide_cnn",
+    options={"channels": 8, "depth": 6},
+    batch=functools.partial(wide_cnn_batch, size=32),
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_the_breakdown_accounts_for_the_measured_step():
+    batch = 8
+    model = wide_cnn(channels=8, depth=6)
+    x, y = wide_cnn_batch(batch, torch.Generator().manual_seed(0), size=32)
+    weights = _bytes(model.parameters())
+    with memory.MeasuringProcess() as process:
+        report = memory.peak(memory.TrainStep(SMALL_CNN, batch, "sz:rel=1e-2", threshold=0), process=process)
+        baseline = memory.peak(memory.TrainStep(SMALL_CNN, batch, None), process=process)
+    parts = memory.breakdown(report)
+    # Exact sizes: every parameter has a gradient and one SGD momentum buffer of its own size.
+    assert parts["weights"] == weights and parts["gradients"] == weights and parts["optimizer_state"] == weights
+    assert parts["buffers"] == _bytes(model.buffers()) and parts["batch"] == _bytes((x, y))
+    assert parts["resident"] == weights + parts["buffers"] + weights + parts["batch"]
+    # With no size threshold every saved tensor is an entry of the session: what it holds is what it packed.
+    assert parts["packed_activations"] == report.info["activation_packed_bytes"] > 0
+    assert parts["saved_activations"] == parts["packed_activations"]
+    assert parts["largest_packed_original"] == batch * 8 * 32 * 32 * 4  # one float feature map of the batch
+    assert 0 < parts["decoded_peak"] <= report.info["activation_original_bytes"]
+    # The parts sum to the peak, the remainder being the difference; the footprint adds the resident state.
+    assert parts["peak"] == report.peak_bytes
+    assert parts["gradients"] + parts["saved_activations"] + parts["decoded_peak"] + parts["remainder"] == parts["peak"]
+    assert parts["footprint"] == parts["resident"] + parts["peak"]
+    # Without a session, what the forward left held is what autograd saved (measured), and nothing is decoded.
+    plain = memory.breakdown(baseline)
+    assert plain["packed_activations"] is None and plain["decoded_peak"] is None
+    assert plain["saved_activations"] == plain["held_after_forward"] > 0
+    assert plain["gradients"] + plain["saved_activations"] + plain["remainder"] == plain["peak"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [4, 16])
+def test_compression_never_raises_the_step_peak_above_the_baseline(batch):
+    """The runtime's rule: at any batch, compressing never costs more peak memory than not compressing.
+
+    Each probe runs in its own fresh process, so neither inherits heap pages from the other; no slack.
+    """
+    fresh = memory.FreshProcesses()
+    baseline = memory.peak(memory.TrainStep(SMALL_CNN, batch, None), process=fresh)
+    compressed = memory.peak(memory.TrainStep(SMALL_CNN, batch, "sz:rel=1e-2"), process=fresh)
+    assert compressed.peak_bytes <= baseline.peak_bytes, (batch, compressed.peak_bytes, baseline.peak_bytes)
+
+
+def test_the_projection_is_linear_in_the_batch():
+    rows = project(per_sample=2**30, fixed=2**30)  # 1 GiB a sample on top of 1 GiB
+    assert [(row["gpu"], row["projected_batch"]) for row in rows] == [
+        ("A100 40GB", 39), ("A100 80GB", 79), ("H200 141GB", 139)]
+    assert all(row["projected_batch"] is None for row in project(per_sample=0, fixed=2**20))
+    assert all(row["projected_batch"] == 0 for row in project(per_sample=2**30, fixed=2**40))
+
+
+def test_batch_and_budget_lists_are_parsed_or_refused():
+    assert parse_batches("4, 1,2,2") == (1, 2, 4)
+    assert parse_budgets("1MiB,2KiB") == (("1MiB", 2**20), ("2KiB", 2048))
+    assert parse_budgets("") == ()
+    for text in ("", " , ", "1,two", "0,1"):
+        with pytest.raises(MemoryBenchError):
+            parse_batches(text)
+    with pytest.raises(MemoryBenchError, match="'lots'"):
+        parse_budgets("1MiB,lots")
+
+
+@pytest.mark.slow
+def test_the_command_measures_writes_json_and_a_plot(tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", "memory", "--model", "hep-cnn", "--scale", "tiny", "--methods", "baseline,sz:rel=1e-2",
+                 "--batches", "1,2", "--budgets", "64MiB", "--limit", "2", "--threads", "1", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0
+    report = json.loads((out / "bench-memory.json").read_text())
+    assert (out / "bench-memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["model"] == "hep-cnn" and report["scale"] == "tiny" and report["batches"] == [1, 2]
+    assert report["budgets"] == [{"budget": "64MiB", "budget_bytes": 64 * 2**20}]
+    assert [m["method"] for m in report["methods"]] == ["baseline", "sz:rel=1e-2"]
+    assert [m["runtime"] for m in report["methods"]] == ["none", "codec:sz:rel=0.01"]
+    baseline, compressed = report["methods"]
+    for method in report["methods"]:
+        assert [p["batch"] for p in method["peaks"]] == [1, 2]
+        first, second = method["peaks"]
+        assert method["per_sample_bytes"] == second["peak_bytes"] - first["peak_bytes"]
+        assert method["fixed_bytes"] == first["peak_bytes"] - method["per_sample_bytes"]
+        assert [row["gpu"] for row in method["projection"]] == ["A100 40GB", "A100 80GB", "H200 141GB"]
+        for peak in method["peaks"]:
+            parts = peak["breakdown"]
+            assert parts["peak"] == peak["peak_bytes"]
+            assert parts["gradients"] + parts["saved_activations"] + (parts["decoded_peak"] or 0) \
+                + parts["remainder"] == parts["peak"]
+        (search,) = method["searches"]
+        assert search["budget_bytes"] == 64 * 2**20 and search["batch"] == 2 and search["hit_limit"]
+        assert [batch for batch, _ in search["probes"]] == [1, 2]
+    assert baseline["per_sample_ratio_to_baseline"] == 1.0
+    assert compressed["peaks"][-1]["activation_packed_bytes"] < compressed["peaks"][-1]["activation_original_bytes"]
+    assert "Step peak" in captured.out and "PROJECTED largest per-GPU batch" in captured.out
+    assert "sz:rel=1e-2" in captured.out and "MLPerf HPC" in captured.out
+    assert "[1] baseline: batch 1 peak" in captured.err and "s elapsed" in captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--methods", "baseline,nosuchcodec:rel=1"], "bad method 'nosuchcodec:rel=1'"),
+    (["--budgets", "lots"], "--budgets holds memory sizes"),
+    (["--batches", ""], "--batches is a comma-separated list"),
+    (["--batches", "1", "--input-shape", "1x32"], "input_shape for hep-cnn"),
+    (["--methods", "offload"], "needs --device cuda"),
+])
+def test_the_command_refuses_bad_input(args, message, capsys, tmp_path):
+    code = main(["bench", "memory", "--model", "hep-cnn", "--scale", "tiny", "--out", str(tmp_path), *args])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "bench-memory.json").exists()
+
+
+def test_recompute_with_a_codec_is_one_method_spec_for_the_study_and_the_benchmark():
+    from hpcdl.train.config import load_config
+    from hpcdl.train.method_spec import parse_method
+
+    method = parse_method("recompute+sz:rel=1e-2")
+    assert method.kind == "recompute+codec" and method.codec_config == {"id": "sz", "mode": "rel", "bound": 0.01}
+    assert parse_method("checkpoint+sz:rel=1e-2") == method  # the old name of recompute
+    assert method.activation_method().describe() == "recompute+codec:sz:rel=0.01"
+    config = load_config("hep-jets", overrides=method.overrides())
+    assert config["compression"]["method"] == "recompute+codec"
+    assert config["compression"]["codec"] == {"id": "sz", "mode": "rel", "bound": 0.01}
+    assert parse_method("recompute+offload").activation_method().describe() == "recompute+offload"
