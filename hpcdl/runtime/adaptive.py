@@ -45,6 +45,8 @@ from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, Slot
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
 CLOSED_FORM_TOLERANCE = 2.0
+#: A bound may grow at most this factor above the bound its sensitivity was measured at (see decide).
+GROWTH = 2.0
 #: Bounds are rounded down to a grid of 2^(1/4) steps, so that a long run builds a bounded set of codecs.
 GRID_STEPS_PER_OCTAVE = 4
 
@@ -56,7 +58,7 @@ class AdaptiveOptions:
     alpha: float = 1e-2       # per module: predicted ||gradient error||^2 <= alpha * ||gradient||^2
     probe_every: int = 100    # steps between probes
     reruns: int = 4           # measured (not closed-form) slots re-measured per probe after the first, oldest first
-    probe_rel: float = 1e-3   # first probe bound of a slot never measured, as a fraction of its value range
+    probe_rel: float = 1e-2   # first probe bound of a slot never measured, as a fraction of its value range
     max_rel: float = 0.1      # no bound above this fraction of the slot's value range
 
     @classmethod
@@ -66,7 +68,7 @@ class AdaptiveOptions:
         if unknown:
             raise PolicySpecError(f"adaptive takes the options {', '.join(known)}; got unknown {', '.join(unknown)} "
                                   "(e.g. 'adaptive:alpha=1e-2,probe_every=100')")
-        values = {}
+        values: dict = {}
         for name, value in options.items():
             integral = known[name] == "int"
             if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
@@ -91,8 +93,10 @@ class Slot:
     value_range: float = 0.0
     kappa: float = 1.0               # measured mean squared error / (bound^2 / 3)
     sensitivity: dict[str, float] = field(default_factory=dict)  # module -> S_im
-    closed_form: bool = False        # S from fan_in * ||delta||^2, confirmed by a measurement
+    closed_form: bool = False        # S from fan_in * ||delta||^2 (times calibration) between measurements
+    calibration: float = 1.0         # measured / closed-form sensitivity at the last measurement
     measured_at: int = -1            # probe number of the last perturbed measurement (-1: never)
+    measured_bound: float = 0.0      # the bound that measurement compressed with
     bound: float = 0.0               # the decided sz abs bound (0: keep the tensor as it is)
 
 
@@ -182,7 +186,7 @@ class AdaptiveController(Controller):
                 slot.numel, slot.value_range = record.numel, record.value_range
                 slot.kappa = record.trial_mse / (record.trial_bound ** 2 / 3) if record.trial_bound > 0 else 0.0
                 if slot.closed_form and key in closed:
-                    slot.sensitivity = closed[key]
+                    slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
             for key in self._to_measure(exact.slots):
                 record = exact.slots[key]
                 if record.trial_mse <= 0:
@@ -190,10 +194,11 @@ class AdaptiveController(Controller):
                 perturbed = replayer.run(RecordingPolicy(perturb={key: record.trial_bound}))
                 measured = {m: dev / record.trial_mse for m, dev in _deviation(perturbed, exact, owners).items()}
                 slot = self.slots[key]
-                slot.sensitivity, slot.measured_at = measured, self.probes
+                slot.sensitivity, slot.measured_at, slot.measured_bound = measured, self.probes, record.trial_bound
                 slot.closed_form = key in closed and _agrees(closed[key], measured)
                 if slot.closed_form:
-                    slot.sensitivity = closed[key]
+                    slot.calibration = sum(measured.values()) / sum(closed[key].values())
+                    slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
         for key in list(self.slots):
             if key not in exact.slots:
                 del self.slots[key]  # no longer saved (the model changed)
@@ -202,10 +207,11 @@ class AdaptiveController(Controller):
         self.decide(grad_stats)
 
     def _to_measure(self, seen: Mapping[str, object]) -> list[str]:
-        """Slots to perturb this probe: every one never measured, then the oldest measured non-closed-form ones."""
+        """Slots to perturb this probe: every one never measured, then the oldest measured ones (closed forms,
+        refreshed every probe, after the others)."""
         fresh = [key for key in seen if self.slots[key].measured_at < 0]
-        stale = sorted((key for key in seen if self.slots[key].measured_at >= 0 and not self.slots[key].closed_form),
-                       key=lambda key: (self.slots[key].measured_at, key))
+        stale = sorted((key for key in seen if self.slots[key].measured_at >= 0),
+                       key=lambda key: (self.slots[key].closed_form, self.slots[key].measured_at, key))
         return fresh + stale[:self.options.reruns]
 
     def _reduce_over_ranks(self, capture: Capture) -> None:
@@ -231,7 +237,9 @@ class AdaptiveController(Controller):
             for module in slot.sensitivity:
                 reach[module] = reach.get(module, 0) + slot.numel
         for slot in self.slots.values():
-            cap = self.options.max_rel * slot.value_range
+            # sz's error stops being uniform and independent far above the bound it was measured at (on smooth
+            # data it turns coherent), so a bound grows at most GROWTH-fold per probe and is measured there next.
+            cap = min(self.options.max_rel * slot.value_range, GROWTH * slot.measured_bound)
             squares = [3 * self.options.alpha * grad_stats[m].norm ** 2 * slot.numel / reach[m] / (slot.kappa * s)
                        for m, s in slot.sensitivity.items()
                        if s > 0 and slot.kappa > 0 and m in grad_stats and grad_stats[m].norm > 0]

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hpcdl.compress import get_codec
 from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
 from hpcdl.runtime.session import compressed
@@ -160,7 +159,7 @@ def sz_abs(bound: float) -> dict:
 class RecordingPolicy(Policy):
     """The replay's policy: names each slot as training does; records it (exact replay) or compresses one slot."""
 
-    def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-3,
+    def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
                  perturb: dict[str, float] | None = None):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.names = SlotNames()
@@ -253,6 +252,7 @@ class Replayer:
 
     def run(self, policy: RecordingPolicy, layer_calls: list[LayerCall] | None = None) -> Replay:
         capture = self.capture
+        assert capture.rng is not None  # set by the captured forward (Capture.complete)
         torch.set_rng_state(capture.rng)
         if capture.cuda_rng is not None:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
