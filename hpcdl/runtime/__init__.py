@@ -11,6 +11,7 @@ Use::
 (:mod:`hpcdl`'s own docstring holds the same example as a doctest that runs.)
 """
 
+from hpcdl.runtime.adaptive import AdaptiveController, AdaptiveOptions
 from hpcdl.runtime.policy import (
     Controller,
     GradStat,
@@ -34,6 +35,8 @@ from hpcdl.runtime.session import (
 from hpcdl.runtime.stats import Row, Stats
 
 __all__ = [
+    "AdaptiveController",
+    "AdaptiveOptions",
     "CompressionFallbackWarning",
     "Controller",
     "DEFAULT_THRESHOLD",

@@ -21,11 +21,12 @@ line use to name a policy: ``"sz:rel=1e-2"``, ``"quant:bits=2,group_size=256"``,
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -93,8 +94,17 @@ class Controller(ABC):
         """Whether the step numbered ``step`` (forwards so far) should read gradient statistics; default never."""
         return False
 
+    def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
+        """A context the session enters around the forward numbered ``step`` of ``model`` (its pack threshold
+        in bytes given), so a controller can watch the forward it compresses; default nothing."""
+        return contextlib.nullcontext()
+
     def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:  # noqa: B027  (optional hook)
         """Called with this step's gradient statistics when :meth:`wants_gradients` said so."""
+
+    def describe(self) -> str:
+        """A short name for logs and run records: a method spec where there is one, else the class name."""
+        return type(self).__name__
 
     def state_dict(self) -> dict:
         """What this controller learned, as plain data (numbers, strings, lists, dicts); default nothing."""
@@ -118,6 +128,9 @@ class StaticController(Controller):
 
     def configs(self) -> list[dict]:
         return [self.config] if self.config is not None else []
+
+    def describe(self) -> str:
+        return spec_from_config(self.config)
 
 
 class PerModuleController(Controller):
@@ -168,6 +181,12 @@ class Policy:
         """Codec configs by glob over qualified module names, e.g. ``{"encoder.*": {...}}``; first match wins."""
         return cls(PerModuleController(patterns, default), **routing)
 
+    @classmethod
+    def adaptive(cls, **options) -> Policy:
+        """Error bounds that follow each saved tensor's effect on the parameter gradients
+        (:class:`hpcdl.runtime.adaptive.AdaptiveController`; its options, all optional, as keywords)."""
+        return cls(controller_from_config({"id": "adaptive", **options}))
+
     def __getstate__(self) -> dict:
         # Built codecs may hold native handles; a copy (e.g. in a measuring subprocess) rebuilds them.
         return {**self.__dict__, "_codecs": {}}
@@ -206,6 +225,10 @@ class Policy:
         """Whether this step's gradient statistics should be read (the controller decides; see :class:`Controller`)."""
         return self.controller.wants_gradients(self.step)
 
+    def watch(self, model: torch.nn.Module, threshold: int) -> contextlib.AbstractContextManager:
+        """The controller's context around this step's compressed forward (see :meth:`Controller.watch`)."""
+        return self.controller.watch(model, self.step, threshold)
+
     def record_gradients(self, model: torch.nn.Module) -> dict[str, GradStat]:
         """Summarise each module's own parameter gradients and pass them to the controller.
 
@@ -233,10 +256,8 @@ class Policy:
         self.step, self.grad_stats = int(step), grad_stats
 
     def describe(self) -> str:
-        """A short name: the method spec of a static policy, else the controller's class name."""
-        if isinstance(self.controller, StaticController):
-            return spec_from_config(self.controller.config)
-        return type(self.controller).__name__
+        """A short name: the method spec of a static or adaptive policy, else the controller's class name."""
+        return self.controller.describe()
 
     def __repr__(self) -> str:
         return f"Policy({self.describe()})"
@@ -274,6 +295,42 @@ def gradient_stats(model: torch.nn.Module) -> dict[str, GradStat]:
         maxima.scatter_reduce_(0, index, largest, "amax")
     norm_list, max_list = torch.stack([sums.sqrt(), maxima]).tolist()  # the one copy to the host
     return {name: GradStat(norm=n, max_abs=m, numel=c) for name, n, m, c in zip(names, norm_list, max_list, numel)}
+
+
+# Controllers named like a codec in a method spec or a config's compression.codec: id -> factory(options).
+_CONTROLLERS: dict[str, Callable[[dict], Controller]] = {}
+
+
+def register_controller(controller_id: str, factory: Callable[[dict], Controller]) -> None:
+    """Make ``controller_id`` a method-spec id (``"adaptive:alpha=1e-2"``) built by ``factory(options)``.
+
+    The factory checks its options and raises :class:`PolicySpecError` for bad ones. Controllers register
+    themselves from their module (``hpcdl.runtime`` imports them), because they build on this one.
+    """
+    if controller_id in _CONTROLLERS and _CONTROLLERS[controller_id] is not factory:
+        raise ValueError(f"controller id {controller_id!r} is already registered")
+    _CONTROLLERS[controller_id] = factory
+
+
+def is_controller_config(config: dict | None) -> bool:
+    """Whether ``config`` names a registered controller (``{"id": "adaptive", ...}``) rather than a codec."""
+    return isinstance(config, dict) and config.get("id") in _CONTROLLERS
+
+
+def controller_from_config(config: dict) -> Controller:
+    """The controller a ``{"id": "adaptive", options}`` config names, its options checked."""
+    if not is_controller_config(config):
+        raise PolicySpecError(f"{config!r} names no controller; controllers are {sorted(_CONTROLLERS)}")
+    return _CONTROLLERS[config["id"]]({key: value for key, value in config.items() if key != "id"})
+
+
+def policy_from_config(config: dict | None, **routing) -> Policy | None:
+    """A Policy from a codec config (static), a controller config (``{"id": "adaptive"}``), or None (no compression)."""
+    if config is None:
+        return None
+    if is_controller_config(config):
+        return Policy(controller_from_config(config), **routing)
+    return Policy.static(config, **routing)
 
 
 # Options given without a key, by codec id: "cast:bf16" means dtype=bf16.
@@ -321,7 +378,10 @@ def config_from_spec(spec: str) -> dict | None:
             config["mode"], config["bound"] = key, _parse_value(value)
         else:
             config[key] = _parse_value(value)
-    get_codec(config)  # refuse an unknown id or bad options now, with the codec's own message
+    if is_controller_config(config):
+        controller_from_config(config)  # refuse bad options now, with the controller's own message
+    else:
+        get_codec(config)  # refuse an unknown id or bad options now, with the codec's own message
     return config
 
 
@@ -341,15 +401,17 @@ def spec_from_config(config: dict | None) -> str:
 
 
 def policy_from_spec(spec: str, **routing) -> Policy | None:
-    """A static :class:`Policy` from a method spec; ``"none"`` gives None (no compression).
+    """A :class:`Policy` from a method spec (static for a codec, adaptive for ``adaptive[:options]``);
+    ``"none"`` gives None (no compression).
 
     >>> policy_from_spec("cast:bf16")
     Policy(cast:bf16)
+    >>> policy_from_spec("adaptive:alpha=1e-3")
+    Policy(adaptive:alpha=0.001)
     >>> spec_from_config({"id": "sz", "mode": "rel", "bound": 0.01})
     'sz:rel=0.01'
     """
-    config = config_from_spec(spec)
-    return None if config is None else Policy.static(config, **routing)
+    return policy_from_config(config_from_spec(spec), **routing)
 
 
 def as_policy(policy: Policy | str | dict | None) -> Policy | None:
@@ -363,6 +425,6 @@ def as_policy(policy: Policy | str | dict | None) -> Policy | None:
     if isinstance(policy, str):
         return policy_from_spec(policy)
     if isinstance(policy, dict):
-        return Policy.static(policy)
+        return policy_from_config(policy)
     raise TypeError(f"policy must be a hpcdl.Policy, a method spec like 'sz:rel=1e-2', a codec config dict or None, "
                     f"got {type(policy).__name__}")

@@ -30,6 +30,7 @@ is called.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -179,6 +180,7 @@ class Session:
         self._modules: ModuleTracker | None = None
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
         self._state = "new"
 
     # -- context manager ------------------------------------------------------------------------------------
@@ -191,6 +193,9 @@ class Session:
                 "(to compress parts of a model differently, use one session with Policy.per_module)"
             )
         self._storages = ModelStorages(self.model)
+        if self.policy is not None:  # the controller may watch the forward (an adaptive one captures probe inputs)
+            self._watch = self.policy.watch(self.model, self.threshold)
+        self._watch.__enter__()
         self._modules = ModuleTracker(self.model).__enter__()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
@@ -202,6 +207,7 @@ class Session:
         _active.session = None
         self._hooks.__exit__(*exc)
         self._modules.__exit__(*exc)
+        self._watch.__exit__(*exc)
         self._by_storage.clear()
         self._state = "closed"
         if self.policy is not None:

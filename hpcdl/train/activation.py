@@ -15,15 +15,16 @@ from hpcdl.train.config import method_parts
 
 
 def compression_policy(compression: dict):
-    """The runtime Policy that ``compression.method: codec`` names (per-module globs over a default); else None."""
+    """The runtime Policy that ``compression.method: codec`` names (per-module globs over a default, or a
+    controller such as ``{id: adaptive}``); else None."""
     if "codec" not in method_parts(compression):
         return None
-    from hpcdl.runtime.policy import Policy
+    from hpcdl.runtime.policy import Policy, policy_from_config
 
     default = compression["codec"]
     if compression["per_module"]:
         return Policy.per_module(compression["per_module"], default=default)
-    return Policy.static(default)
+    return policy_from_config(default)
 
 
 def session_kwargs(compression: dict) -> dict:

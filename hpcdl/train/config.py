@@ -292,13 +292,21 @@ def check_run_name(name: str) -> str:
     return name
 
 
-def check_codec_config(path: str, codec: dict) -> None:
+def check_codec_config(path: str, codec: dict, controllers: bool = False) -> None:
     """Build the codec ``codec`` names, so that its own check of its options runs now; its error, if any,
-    becomes a ConfigError that names the config key ``path`` (``compression.codec``) and the mapping."""
+    becomes a ConfigError that names the config key ``path`` (``compression.codec``) and the mapping.
+    ``controllers``: a controller such as ``{id: adaptive}`` may stand in for the codec (``compression.codec``)."""
     from hpcdl.compress import UnknownCodecError, get_codec  # torch: only for configs that compress
+    from hpcdl.runtime.policy import controller_from_config, is_controller_config
 
+    if is_controller_config(codec) and not controllers:
+        raise ConfigError(f"config key {path!r} = {codec!r}: {codec['id']!r} chooses codecs for the whole "
+                          "model, so it goes in compression.codec without compression.per_module")
     try:
-        get_codec(codec)
+        if is_controller_config(codec):
+            controller_from_config(codec)
+        else:
+            get_codec(codec)
     except UnknownCodecError as err:
         raise ConfigError(f"config key '{path}.id': {err}") from None
     except (ValueError, TypeError) as err:
@@ -311,7 +319,7 @@ def _check_cross_fields(config: dict) -> None:
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
         raise ConfigError(f"config key 'optimizer.betas' must be two numbers in [0, 1), got {betas!r}")
     if "codec" in method_parts(compression):
-        check_codec_config("compression.codec", compression["codec"])
+        check_codec_config("compression.codec", compression["codec"], controllers=not compression["per_module"])
         for pattern, codec in compression["per_module"].items():
             if not isinstance(codec, dict) or "id" not in codec:
                 raise ConfigError(f"config key 'compression.per_module.{pattern}' must be a codec config with an "

@@ -1,0 +1,296 @@
+"""Adaptive compression: each saved tensor's ``sz`` abs bound from a gradient-error budget (``Policy.adaptive()``).
+
+A static range-relative bound does not follow what backward does with a tensor: batch norm divides each
+channel by its own spread, softmax probabilities are read relative to their (tiny) values. This controller
+gives each saved floating tensor ("slot", named ``module#k`` by :class:`~hpcdl.runtime.probe.SlotNames`) an
+absolute ``sz`` bound ``eb_i`` chosen so that the predicted parameter-gradient error of every module stays
+below ``alpha`` times that module's squared gradient norm. The model (docs/adaptive.md derives it):
+
+* an error of mean square ``v_i`` in slot ``i`` adds ``S_im * v_i`` to module ``m``'s squared gradient error
+  (``S_im``: the slot's sensitivity); ``v_i = kappa_i * eb_i^2 / 3`` (uniform error on the elements ``sz``
+  does not keep exactly; ``kappa_i`` measured by a trial encode);
+* ``S_im`` is the closed form ``fan_in_m * ||delta_m||^2`` where slot ``i`` is the input of a Linear/Conv
+  layer ``m`` (and nothing else bends it, which the first measurement checks), else measured: the probe
+  compresses that slot alone and compares the gradients with exact ones (:mod:`hpcdl.runtime.probe`);
+* module ``m``'s budget ``alpha * ||g_m||^2`` is shared among the slots that reach it in proportion to their
+  sizes (the split that minimises the total bits when bits grow like ``log(1 / eb)``):
+  ``eb_i^2 = min_m 3 * alpha * ||g_m||^2 * n_i / (sum_j n_j) / (kappa_i * S_im)``.
+
+Probes run on step 0, then every ``probe_every`` steps, and soon after a slot appears that was never
+measured. ``||g_m||`` comes from :meth:`Policy.record_gradients` (after the distributed reduction); the
+probes' measurements are averaged over ranks through ``torch.distributed`` when it is initialised, so every
+rank decides the same bounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+
+from hpcdl.runtime.observe import ROOT
+from hpcdl.runtime.policy import (
+    Controller,
+    GradStat,
+    PolicySpecError,
+    SavedTensorInfo,
+    register_controller,
+    spec_from_config,
+)
+from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, sz_abs
+
+#: A closed form counts as confirmed when the measurement is within this factor of it.
+CLOSED_FORM_TOLERANCE = 2.0
+#: A bound may grow at most this factor above the bound its sensitivity was measured at (see decide).
+GROWTH = 2.0
+#: Bounds are rounded down to a grid of 2^(1/4) steps, so that a long run builds a bounded set of codecs.
+GRID_STEPS_PER_OCTAVE = 4
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions:
+    """The adaptive controller's options (method spec ``adaptive:alpha=1e-2,probe_every=100``)."""
+
+    alpha: float = 1e-2       # per module: predicted ||gradient error||^2 <= alpha * ||gradient||^2
+    probe_every: int = 100    # steps between probes
+    reruns: int = 4           # measured (not closed-form) slots re-measured per probe after the first, oldest first
+    probe_rel: float = 1e-2   # first probe bound of a slot never measured, as a fraction of its value range
+    max_rel: float = 0.1      # no bound above this fraction of the slot's value range
+
+    @classmethod
+    def parse(cls, options: Mapping) -> AdaptiveOptions:
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise PolicySpecError(f"adaptive takes the options {', '.join(known)}; got unknown {', '.join(unknown)} "
+                                  "(e.g. 'adaptive:alpha=1e-2,probe_every=100')")
+        values: dict = {}
+        for name, value in options.items():
+            integral = known[name] == "int"
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
+                raise PolicySpecError(f"adaptive option {name} must be {'an integer' if integral else 'a number'}, "
+                                      f"got {value!r}")
+            if not value > 0 or not math.isfinite(value):
+                raise PolicySpecError(f"adaptive option {name} must be positive and finite, got {value!r}")
+            values[name] = int(value) if integral else float(value)
+        return cls(**values)
+
+    def changed(self) -> dict:
+        """The options that differ from the defaults (what the method spec shows)."""
+        default = AdaptiveOptions()
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+
+
+@dataclass
+class Slot:
+    """What the controller knows of one saved tensor (plain data: it is the checkpointed state)."""
+
+    numel: int = 0
+    value_range: float = 0.0
+    kappa: float = 1.0               # measured mean squared error / (bound^2 / 3)
+    sensitivity: dict[str, float] = field(default_factory=dict)  # module -> S_im
+    closed_form: bool = False        # S from fan_in * ||delta||^2 (times calibration) between measurements
+    calibration: float = 1.0         # measured / closed-form sensitivity at the last measurement
+    measured_at: int = -1            # probe number of the last perturbed measurement (-1: never)
+    measured_bound: float = 0.0      # the bound that measurement compressed with
+    bound: float = 0.0               # the decided sz abs bound (0: keep the tensor as it is)
+
+
+def _on_grid(bound: float) -> float:
+    """``bound`` rounded down to the 2^(1/GRID_STEPS_PER_OCTAVE) grid."""
+    return 2.0 ** (math.floor(math.log2(bound) * GRID_STEPS_PER_OCTAVE) / GRID_STEPS_PER_OCTAVE)
+
+
+def _mean_over_ranks(values: list[float], device: torch.device) -> tuple[list[float], int]:
+    """The element-wise mean over ranks of a list of the same length on every rank, and the rank count."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1 or not values:
+        return values, 1
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    world = dist.get_world_size()
+    return (tensor / world).tolist(), world
+
+
+class AdaptiveController(Controller):
+    """Per-slot ``sz`` abs bounds from a gradient-error budget; see the module docstring and docs/adaptive.md."""
+
+    def __init__(self, options: AdaptiveOptions | None = None):
+        self.options = options or AdaptiveOptions()
+        self.slots: dict[str, Slot] = {}
+        self.probes = 0           # probes run so far
+        self.next_probe = 0       # the step whose forward the next probe captures
+        self.names = SlotNames()
+        self.capture: Capture | None = None
+        self.probe_seconds = 0.0  # wall time spent in probes (not state: it differs between runs)
+
+    # -- the Controller interface -------------------------------------------------------------------------
+    def choose(self, info: SavedTensorInfo) -> dict | None:
+        key = self.names.next(info.module, info.step)
+        slot = self.slots.get(key)
+        if slot is None:
+            self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
+            return None
+        return sz_abs(slot.bound) if slot.bound > 0 else None
+
+    def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
+        if step < self.next_probe:
+            self.capture = None
+            return contextlib.nullcontext()
+        self.capture = Capture(model, threshold)
+        return self.capture
+
+    def wants_gradients(self, step: int) -> bool:
+        return self.capture is not None and self.capture.complete
+
+    def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:
+        capture, self.capture = self.capture, None
+        if capture is None or not capture.complete:
+            return
+        start = time.perf_counter()
+        self.probe(capture, grad_stats)
+        self.next_probe = step - 1 + self.options.probe_every  # `step` counts the captured forward already
+        self.probe_seconds += time.perf_counter() - start
+
+    def describe(self) -> str:
+        return spec_from_config({"id": "adaptive", **self.options.changed()})
+
+    def state_dict(self) -> dict:
+        return {"options": asdict(self.options), "probes": self.probes, "next_probe": self.next_probe,
+                "slots": {key: asdict(slot) for key, slot in self.slots.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        try:
+            slots = {key: Slot(**slot) for key, slot in state["slots"].items()}
+            probes, next_probe = int(state["probes"]), int(state["next_probe"])
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"an adaptive controller state is {{'options', 'probes', 'next_probe', 'slots'}} as "
+                             f"AdaptiveController.state_dict() writes it; this one fails with {err!r}") from None
+        self.slots, self.probes, self.next_probe = slots, probes, next_probe
+
+    # -- probing and deciding -----------------------------------------------------------------------------
+    def probe(self, capture: Capture, grad_stats: Mapping[str, GradStat]) -> None:
+        """Measure the slots of the captured step (exact replay, closed forms, perturbed replays), then decide."""
+        replayer = Replayer(capture)
+        owners = _owners(capture.model, replayer.params)
+        with replayer.restored():
+            exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel),
+                                 layer_calls=[])
+            closed = _closed_forms(exact)
+            for key, record in exact.slots.items():
+                slot = self.slots.setdefault(key, Slot())
+                slot.numel, slot.value_range = record.numel, record.value_range
+                slot.kappa = record.trial_mse / (record.trial_bound ** 2 / 3) if record.trial_bound > 0 else 0.0
+                if slot.closed_form and key in closed:
+                    slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
+            for key in self._to_measure(exact.slots):
+                record = exact.slots[key]
+                if record.trial_mse <= 0:
+                    continue  # nothing sz changes (all zeros): no effect to measure
+                perturbed = replayer.run(RecordingPolicy(perturb={key: record.trial_bound}))
+                measured = {m: dev / record.trial_mse for m, dev in _deviation(perturbed, exact, owners).items()}
+                slot = self.slots[key]
+                slot.sensitivity, slot.measured_at, slot.measured_bound = measured, self.probes, record.trial_bound
+                slot.closed_form = key in closed and _agrees(closed[key], measured)
+                if slot.closed_form:
+                    slot.calibration = sum(measured.values()) / sum(closed[key].values())
+                    slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
+        for key in list(self.slots):
+            if key not in exact.slots:
+                del self.slots[key]  # no longer saved (the model changed)
+        self._reduce_over_ranks(capture)
+        self.probes += 1
+        self.decide(grad_stats)
+
+    def _to_measure(self, seen: Mapping[str, object]) -> list[str]:
+        """Slots to perturb this probe: every one never measured, then the oldest measured ones (closed forms,
+        refreshed every probe, after the others)."""
+        fresh = [key for key in seen if self.slots[key].measured_at < 0]
+        stale = sorted((key for key in seen if self.slots[key].measured_at >= 0),
+                       key=lambda key: (self.slots[key].closed_form, self.slots[key].measured_at, key))
+        return fresh + stale[:self.options.reruns]
+
+    def _reduce_over_ranks(self, capture: Capture) -> None:
+        """Average sensitivities, kappa and ranges over ranks; the averaged gradient's error is 1/world of one rank's."""
+        keys = sorted(self.slots)
+        modules = sorted({m for key in keys for m in self.slots[key].sensitivity})
+        flat = [v for key in keys for v in (self.slots[key].kappa, self.slots[key].value_range)]
+        flat += [self.slots[key].sensitivity.get(m, 0.0) for key in keys for m in modules]
+        device = next((p.device for p in capture.model.parameters()), torch.device("cpu"))
+        mean, world = _mean_over_ranks(flat, device)
+        if world == 1:
+            return
+        for index, key in enumerate(keys):
+            slot = self.slots[key]
+            slot.kappa, slot.value_range = mean[2 * index], mean[2 * index + 1]
+            row = mean[2 * len(keys) + index * len(modules):2 * len(keys) + (index + 1) * len(modules)]
+            slot.sensitivity = {m: s / world for m, s in zip(modules, row) if s > 0}
+
+    def decide(self, grad_stats: Mapping[str, GradStat]) -> None:
+        """Each slot's bound from the budget (module docstring); slots that reach no module get the cap."""
+        reach: dict[str, int] = {}
+        for slot in self.slots.values():
+            for module in slot.sensitivity:
+                reach[module] = reach.get(module, 0) + slot.numel
+        for slot in self.slots.values():
+            # sz's error stops being uniform and independent far above the bound it was measured at (on smooth
+            # data it turns coherent), so a bound grows at most GROWTH-fold per probe and is measured there next.
+            cap = min(self.options.max_rel * slot.value_range, GROWTH * slot.measured_bound)
+            squares = [3 * self.options.alpha * grad_stats[m].norm ** 2 * slot.numel / reach[m] / (slot.kappa * s)
+                       for m, s in slot.sensitivity.items()
+                       if s > 0 and slot.kappa > 0 and m in grad_stats and grad_stats[m].norm > 0]
+            bound = min([math.sqrt(square) for square in squares] + [cap])
+            slot.bound = _on_grid(bound) if bound > 0 else 0.0
+
+    def predicted_error(self) -> dict[str, float]:
+        """Per module, the squared gradient error the current bounds are predicted to cause (sum_i S_im v_i)."""
+        error: dict[str, float] = {}
+        for slot in self.slots.values():
+            variance = slot.kappa * slot.bound ** 2 / 3
+            for module, sensitivity in slot.sensitivity.items():
+                error[module] = error.get(module, 0.0) + sensitivity * variance
+        return error
+
+
+def _owners(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[str]:
+    """The module name (as gradient statistics name it) owning each parameter."""
+    owner = {id(p): name or ROOT for name, module in model.named_modules() for p in module.parameters(recurse=False)}
+    return [owner[id(p)] for p in params]
+
+
+def _deviation(perturbed: Replay, exact: Replay, owners: list[str]) -> dict[str, float]:
+    """Per module, ||perturbed gradient - exact gradient||^2 (only modules where it is not zero)."""
+    deviation: dict[str, float] = {}
+    for owner, got, want in zip(owners, perturbed.grads, exact.grads):
+        if got is None or want is None:
+            continue
+        value = float((got.double() - want.double()).square().sum())
+        if value > 0:
+            deviation[owner] = deviation.get(owner, 0.0) + value
+    return deviation
+
+
+def _closed_forms(exact: Replay) -> dict[str, dict[str, float]]:
+    """Per slot that is the input of Linear/Conv calls: module -> fan_in * ||delta||^2 summed over those calls."""
+    by_storage = {record.storage: key for key, record in exact.slots.items()}
+    forms: dict[str, dict[str, float]] = {}
+    for call in exact.layer_calls:
+        key = by_storage.get(call.storage)
+        if key is not None and call.delta_sq > 0:
+            row = forms.setdefault(key, {})
+            row[call.module] = row.get(call.module, 0.0) + call.fan_in * call.delta_sq
+    return forms
+
+
+def _agrees(closed: Mapping[str, float], measured: Mapping[str, float]) -> bool:
+    """Whether a closed form and a measurement agree: same total within the tolerance, nothing outside its modules."""
+    total, got = sum(closed.values()), sum(measured.values())
+    outside = sum(value for module, value in measured.items() if module not in closed)
+    return total > 0 and got > 0 and outside <= 0.1 * got and 1 / CLOSED_FORM_TOLERANCE <= got / total <= CLOSED_FORM_TOLERANCE
+
+
+register_controller("adaptive", lambda options: AdaptiveController(AdaptiveOptions.parse(options)))

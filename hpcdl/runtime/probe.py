@@ -1,0 +1,265 @@
+"""Measuring what a saved tensor's compression error does to the parameter gradients: the adaptive controller's probe.
+
+A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like this:
+
+1. While the step's compressed forward runs, :class:`Capture` (entered by the session through
+   ``Controller.watch``) keeps the model's call arguments, the random-number state they ran with, and, via
+   tensor hooks, the gradient backward brings to each output. Nothing else is held.
+2. Once the step's gradients are final, :func:`replay` runs the same forward again (same RNG state, so the same
+   dropout masks; the model's buffers restored afterwards, so batch-norm running statistics move once) inside a
+   session whose :class:`RecordingPolicy` names every saved tensor the way the training session's ``choose``
+   calls meet them (:class:`SlotNames`), and backpropagates the captured output gradients with
+   ``torch.autograd.grad`` (the parameters' ``.grad`` are left alone).
+
+   * the *exact* replay keeps every tensor as it is and records, per slot, its size, range, zero count and the
+     mean squared error of an ``sz`` abs trial encode at the slot's probe bound; and, per call of a Linear or
+     Conv layer, which slot its input is and the squared norm of its output gradient (for the closed form);
+   * a *perturbed* replay compresses one slot with ``sz`` at its probe bound and keeps the rest exact; its
+     gradients minus the exact ones are that slot's measured effect, per module.
+
+The replays hold the step's activations uncompressed (they measure against exact gradients), so a probe step
+needs the memory of an uncompressed step; see docs/adaptive.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from hpcdl.runtime.observe import ROOT
+from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
+from hpcdl.runtime.session import compressed
+
+#: Layers whose saved input enters only their weight gradient, linearly: the closed form applies.
+CLOSED_FORM_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+class SlotNames:
+    """Names the saved floating tensors of one forward in the order the session meets them: ``module#k``.
+
+    The training session and the probe's replay ask in the same order (same model, same inputs, same
+    threshold), so a name means the same tensor in both.
+    """
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.counts: dict[str, int] = {}
+
+    def next(self, module: str, step: int) -> str:
+        if step != self.step:
+            self.step, self.counts = step, {}
+        index = self.counts.get(module, 0)
+        self.counts[module] = index + 1
+        return f"{module}#{index}"
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors in a (nested) tuple, list or dict output, in a fixed order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return [t for key in sorted(value, key=str) for t in _tensors(value[key])]
+    return []
+
+
+class Capture:
+    """What a probe needs from one training forward: the model, its call, its RNG state, its outputs' gradients."""
+
+    def __init__(self, model: nn.Module, threshold: int):
+        self.model, self.threshold = model, threshold
+        self.args: tuple = ()
+        self.kwargs: dict = {}
+        self.rng: torch.Tensor | None = None
+        self.cuda_rng: list[torch.Tensor] | None = None
+        self.output_grads: dict[int, torch.Tensor] = {}
+        self.called = False
+        self._handles: list = []
+
+    def __enter__(self) -> Capture:
+        self._handles = [self.model.register_forward_pre_hook(self._before, with_kwargs=True),
+                         self.model.register_forward_hook(self._after)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _before(self, module, args, kwargs):
+        if self.called:  # the model ran twice in one step: replay the first call only
+            return
+        self.args, self.kwargs, self.called = args, kwargs, True
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def _after(self, module, args, output):
+        if self.output_grads or not self.called:
+            return
+        for index, tensor in enumerate(_tensors(output)):
+            if tensor.requires_grad:
+                tensor.register_hook(self._keep(index))
+
+    def _keep(self, index: int):
+        def hook(grad: torch.Tensor) -> None:
+            self.output_grads[index] = grad.detach()
+        return hook
+
+    @property
+    def complete(self) -> bool:
+        """Whether the forward ran and backward reached at least one output."""
+        return self.called and bool(self.output_grads)
+
+
+@dataclass
+class SlotRecord:
+    """One saved floating tensor as the exact replay met it."""
+
+    numel: int
+    value_range: float
+    nonzero: int
+    trial_bound: float = 0.0
+    trial_mse: float = 0.0  # mean squared error of an sz abs encode at trial_bound
+    storage: tuple = ()
+
+
+@dataclass
+class LayerCall:
+    """One call of a Linear/Conv layer in the exact replay: its input's storage and its output gradient's norm^2."""
+
+    module: str
+    fan_in: int
+    storage: tuple
+    delta_sq: float = 0.0
+
+
+@dataclass
+class Replay:
+    """What one replay gives: per module, the squared norm of its gradient or of its deviation; what it met."""
+
+    grads: list[torch.Tensor | None]
+    slots: dict[str, SlotRecord] = field(default_factory=dict)
+    layer_calls: list[LayerCall] = field(default_factory=list)
+
+
+def _storage_of(tensor: torch.Tensor) -> tuple:
+    return (tensor.device, tensor.untyped_storage().data_ptr(), tensor._version)
+
+
+def sz_abs(bound: float) -> dict:
+    """The codec config the adaptive controller uses: ``sz`` with an absolute bound."""
+    return {"id": "sz", "mode": "abs", "bound": bound}
+
+
+class RecordingPolicy(Policy):
+    """The replay's policy: names each slot as training does; records it (exact replay) or compresses one slot."""
+
+    def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
+                 perturb: dict[str, float] | None = None):
+        super().__init__(StaticController(None), masks=None, indices=None)
+        self.names = SlotNames()
+        self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
+        self.perturb = perturb or {}
+        self.slots: dict[str, SlotRecord] = {}
+        self._key = ""
+
+    def info(self, module: str, kind: str, tensor: torch.Tensor) -> SavedTensorInfo:
+        if kind == "activation":
+            self._key = self.names.next(module, self.step)
+            if self.trial_bounds is not None:
+                self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key))
+        return super().info(module, kind, tensor)
+
+    def codec_for(self, info: SavedTensorInfo):
+        if info.kind != "activation" or self._key not in self.perturb:
+            return None
+        return self.codec(sz_abs(self.perturb[self._key]))
+
+    def _record(self, tensor: torch.Tensor, bound: float | None) -> SlotRecord:
+        data = tensor.detach()
+        finite = data[torch.isfinite(data)] if not bool(torch.isfinite(data).all()) else data
+        low, high = (finite.aminmax() if finite.numel() else (torch.zeros(()), torch.zeros(())))
+        record = SlotRecord(numel=data.numel(), value_range=float(high - low), nonzero=int(torch.count_nonzero(data)),
+                            storage=_storage_of(tensor))
+        record.trial_bound = bound if bound else record.value_range * self.probe_rel
+        if record.trial_bound > 0:
+            codec = self.codec(sz_abs(record.trial_bound))
+            source = data.contiguous()
+            error = codec.decode(codec.encode(source)).double() - source.double()
+            record.trial_mse = float(error[torch.isfinite(error)].square().mean()) if error.numel() else 0.0
+        return record
+
+
+@contextlib.contextmanager
+def _layer_calls(model: nn.Module, calls: list[LayerCall]) -> Iterator[None]:
+    """Record each Linear/Conv call's input storage, and (in backward) its output gradient's squared norm."""
+    handles = []
+    running: dict[int, LayerCall] = {}  # id(module) -> its call in progress, paired with its output
+
+    def watcher(name: str, fan_in: int):
+        def before(module, args):
+            if args and isinstance(args[0], torch.Tensor):
+                running[id(module)] = call = LayerCall(name, fan_in, _storage_of(args[0]))
+                calls.append(call)
+
+        def after(module, args, output):
+            call = running.pop(id(module), None)
+            if call is not None and isinstance(output, torch.Tensor) and output.requires_grad:
+                def grad_norm(grad: torch.Tensor) -> None:
+                    call.delta_sq += float(grad.double().square().sum())
+                output.register_hook(grad_norm)
+        return before, after
+
+    for name, module in model.named_modules():
+        if isinstance(module, CLOSED_FORM_LAYERS):
+            before, after = watcher(name or ROOT, module.weight[0].numel())
+            handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class Replayer:
+    """Runs a captured forward again under a given policy, leaving the model's buffers and the RNG as they were."""
+
+    def __init__(self, capture: Capture):
+        self.capture = capture
+        self.model = capture.model
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def restored(self) -> Iterator[None]:
+        """Around all replays of one probe: the buffers and RNG state of now come back afterwards."""
+        buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for buffer, saved in buffers:
+                    buffer.copy_(saved)
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state_all(cuda_rng)
+
+    def run(self, policy: RecordingPolicy, layer_calls: list[LayerCall] | None = None) -> Replay:
+        capture = self.capture
+        assert capture.rng is not None  # set by the captured forward (Capture.complete)
+        torch.set_rng_state(capture.rng)
+        if capture.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(capture.cuda_rng)
+        watching = _layer_calls(self.model, layer_calls) if layer_calls is not None else contextlib.nullcontext()
+        with torch.enable_grad(), watching:
+            with compressed(self.model, policy, threshold=capture.threshold):
+                outputs = _tensors(self.model(*capture.args, **capture.kwargs))
+            pairs = [(outputs[i], g) for i, g in sorted(capture.output_grads.items()) if i < len(outputs)]
+            grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True)
+        return Replay(list(grads), policy.slots, layer_calls or [])

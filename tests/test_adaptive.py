@@ -1,0 +1,184 @@
+"""Adaptive compression (``Policy.adaptive()``): bounds that follow each saved tensor's effect on the gradients.
+
+The two reproductions of issue 13 (batch norm over channels of very different spread; sharp softmax
+attention) bend the gradients under a static range-relative bound and do not under the adaptive policy; the
+predicted gradient error matches the measured one; a resumed controller decides what an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hpcdl
+from hpcdl.runtime import Policy, PolicySpecError, policy_from_spec
+from hpcdl.runtime.methods import Codec, train_step
+from hpcdl.train.activation import activation_method
+from hpcdl.train.config import ConfigError, load_config
+
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_models import TransformerBlock, WideCNN, wide_cnn_batch  # noqa: E402
+
+
+def _gradients(model, x, loss_fn, policy=None) -> dict[str, torch.Tensor]:
+    """One forward/backward (compressed under ``policy`` if given, feeding it as train_step does); the gradients."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)  # the same dropout masks every time
+    with hpcdl.compressed(model, policy) if policy is not None else torch.enable_grad():
+        loss = loss_fn(model(x))
+    loss.backward()
+    if policy is not None and policy.wants_gradients():
+        policy.record_gradients(model)
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def _cosine(a: dict, b: dict) -> float:
+    return float(F.cosine_similarity(torch.cat([v.flatten() for v in a.values()]),
+                                     torch.cat([v.flatten() for v in b.values()]), dim=0))
+
+
+def _batchnorm_case():
+    """The issue's batch-norm reproduction: channel spreads from 1e-2 to 10, behind a 1x1 conv that learns."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(64, 64, 1, bias=False)
+    with torch.no_grad():
+        conv.weight.copy_(torch.eye(64).view(64, 64, 1, 1) * torch.logspace(-2, 1, 64).view(-1, 1, 1, 1)
+                          + 0.01 * torch.randn(64, 64, 1, 1))
+    model = nn.Sequential(conv, nn.BatchNorm2d(64))
+    x = torch.randn(2, 64, 32, 32)
+    target = torch.randn(2, 64, 32, 32)
+    return model, x, lambda out: (out * target).sum()
+
+
+class Attention(nn.Module):
+    """The issue's attention reproduction: ``(q(x) @ k(x)^T).softmax(-1) @ v(x)``, unscaled, so the softmax is sharp."""
+
+    def __init__(self, dim: int = 32):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        return (self.q(x) @ self.k(x).transpose(-1, -2)).softmax(-1) @ self.v(x)
+
+
+def _attention_case():
+    torch.manual_seed(0)
+    model = Attention()
+    x = torch.randn(4, 196, 32)
+    target = torch.randn(4, 196, 32)
+    return model, x, lambda out: (out * target).sum()
+
+
+@pytest.mark.parametrize("case", [_batchnorm_case, _attention_case], ids=["batchnorm", "attention"])
+def test_reproductions_keep_the_gradient_where_a_static_bound_bends_it(case):
+    model, x, loss_fn = case()
+    exact = _gradients(model, x, loss_fn)
+    static = _cosine(_gradients(model, x, loss_fn, policy_from_spec("sz:rel=1e-2")), exact)
+    policy = Policy.adaptive()
+    _gradients(model, x, loss_fn, policy)  # step 0: the probe
+    assert policy.controller.probes == 1
+    adaptive = _cosine(_gradients(model, x, loss_fn, policy), exact)
+    assert static < 0.9, static
+    assert adaptive >= 0.99, adaptive
+    assert all(slot.bound > 0 for slot in policy.controller.slots.values())  # compressed, not kept
+
+
+def _lm_loss(target):
+    return lambda logits: F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def _cnn_case():
+    torch.manual_seed(0)
+    x, y = wide_cnn_batch(8, torch.Generator().manual_seed(0), size=32)
+    return WideCNN(channels=8, depth=4), x, lambda out: F.cross_entropy(out, y)
+
+
+def _transformer_case():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 50, (8, 65), generator=torch.Generator().manual_seed(0))
+    return TransformerBlock(), tokens[:, :-1], _lm_loss(tokens[:, 1:])
+
+
+@pytest.mark.parametrize("case", [_cnn_case, _transformer_case], ids=["cnn", "transformer"])
+def test_predicted_gradient_error_matches_the_measured_one(case):
+    model, x, loss_fn = case()
+    exact = _gradients(model, x, loss_fn)
+    policy = Policy.adaptive(probe_every=1, reruns=100)
+    for _ in range(5):  # bounds grow at most 2x per probe: let them settle where they are measured
+        _gradients(model, x, loss_fn, policy)
+    controller = policy.controller
+    controller.next_probe = 10**9  # no probe: this step compresses with the settled bounds
+    got = _gradients(model, x, loss_fn, policy)
+    measured = sum(float((got[name] - exact[name]).double().square().sum()) for name in exact)
+    predicted = sum(controller.predicted_error().values())
+    assert 0.5 <= measured / predicted <= 2.0, (measured, predicted)
+    assert measured > 0
+
+
+def test_a_probe_leaves_buffers_gradients_and_random_state_as_a_plain_step_does():
+    model, x, loss_fn = _cnn_case()
+    reference = WideCNN(channels=8, depth=4)
+    reference.load_state_dict(model.state_dict())
+    policy = Policy.adaptive()
+    torch.manual_seed(1)
+    probed = _gradients(model, x, loss_fn, policy)
+    after_probe = torch.rand(3)
+    assert policy.controller.probes == 1
+    plain = _gradients(reference, x, loss_fn)  # seeds 0 itself, like _gradients above
+    torch.manual_seed(1)
+    _gradients(WideCNN(channels=8, depth=4), x, loss_fn)
+    assert torch.equal(after_probe, torch.rand(3))  # the probe's replays did not move the RNG
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(a, b), name  # running statistics moved once
+    assert all(torch.equal(probed[name], plain[name]) for name in plain)  # step 0 keeps unknown tensors exact
+
+
+def _train(policy, steps, state=None):
+    model, x, loss_fn = _transformer_case()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    method = Codec(policy)
+    for _ in range(steps):
+        torch.manual_seed(policy.step)
+        train_step(model, method, x, None, lambda out, _: loss_fn(out), optimizer)
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def test_a_resumed_controller_decides_what_an_uninterrupted_one_does():
+    whole = Policy.adaptive(probe_every=2, reruns=1)
+    _train(whole, 5)
+    first = Policy.adaptive(probe_every=2, reruns=1)
+    state = _train(first, 3)
+    resumed = Policy.adaptive(probe_every=2, reruns=1)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))  # as plain data, like a checkpoint
+    _train(resumed, 2, state)
+    assert whole.controller.probes == resumed.controller.probes == 3
+    assert json.dumps(whole.state_dict(), sort_keys=True) == json.dumps(resumed.state_dict(), sort_keys=True)
+    assert any(slot["bound"] > 0 for slot in whole.state_dict()["controller"]["slots"].values())
+
+
+def test_specs_and_configs_name_the_adaptive_policy():
+    assert policy_from_spec("adaptive").describe() == "adaptive"
+    policy = policy_from_spec("adaptive:alpha=1e-3,probe_every=50")
+    assert policy.controller.options.alpha == 1e-3 and policy.controller.options.probe_every == 50
+    assert hpcdl.runtime.policy.as_policy({"id": "adaptive"}).describe() == "adaptive"
+    for bad, words in (("adaptive:alpha=0", "positive"), ("adaptive:bits=2", "unknown bits"),
+                       ("adaptive:probe_every=2.5", "integer")):
+        with pytest.raises(PolicySpecError, match=words):
+            policy_from_spec(bad)
+    config = load_config("hpcdl/configs/hep-jets.yaml", ["compression.method=codec",
+                                                         "compression.codec={id: adaptive, alpha: 0.001}"])
+    assert activation_method(config["compression"]).describe() == "codec:adaptive:alpha=0.001"
+    with pytest.raises(ConfigError, match="alpha"):
+        load_config("hpcdl/configs/hep-jets.yaml", ["compression.method=codec", "compression.codec={id: adaptive, alpha: -1}"])
+    with pytest.raises(ConfigError, match="without compression.per_module"):
+        load_config("hpcdl/configs/hep-jets.yaml", ["compression.method=codec",
+                                                    "compression.per_module={'x*': {id: adaptive}}"])
