@@ -17,8 +17,8 @@ import torch
 from codec_plugin import install_testcodec
 
 from hpcdl.compress import CodecError, UnknownCodecError, get_codec, registry
-from hpcdl.study.methods import parse_method
 from hpcdl.train import load_config
+from hpcdl.train.method_spec import parse_method
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["data.dataset=synthetic", "data.synthetic_samples=32", "model.scale=tiny", "train.batch=8",

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from hpcdl.study.activations import capture_activation_stats
-from hpcdl.study.methods import parse_method, parse_methods
 from hpcdl.study.results import append_record, read_results
 from hpcdl.study.summary import summarise_model
 from hpcdl.study.sweep import PlannedRun, parse_shard, plan_sweep, shard
 from hpcdl.train.config import load_config
+from hpcdl.train.method_spec import parse_method, parse_methods
 
 
 @pytest.mark.parametrize("spec, expected", [
