@@ -122,14 +122,20 @@ static HpSzParams sz_params(double eb, double inv, double bound, int shift, cons
     return HpSzParams{eb, inv, bound, shift, r[0], {r[1], r[2]}, {r[3], r[4]}};
 }
 
-// sz_stats (hp_sz_stat of every element) of the elements of one part, into part_sums[8].
+// sz_stats (hp_sz_stat_lanes) of the blocks of one part, into part_sums[8].
 template <class D, int MODE>
 static void sz_stats_part(const typename D::S* x, hp_i64 n, hp_i64 part, const HpSzParams& p, hp_i64* part_sums) {
-    hp_i64 first = part * HPCDL_PART_BLOCKS * HPCDL_BLOCK, end = first + HPCDL_PART_BLOCKS * HPCDL_BLOCK;
-    end = end < n ? end : n;
+    hp_i64 first = part * HPCDL_PART_BLOCKS, blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
+    hp_i64 last = first + HPCDL_PART_BLOCKS < blocks ? first + HPCDL_PART_BLOCKS : blocks;
     hp_i64 sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const HpSzParams local = p;
-    for (hp_i64 i = first; i < end; ++i) hp_sz_stat<D, MODE>(D::load(x[i]), local, sums);
+    for (hp_i64 b = first; b < last; ++b) {
+        int count = hp_block_count(n, b);
+        if (count == HPCDL_BLOCK)  // the constant count lets the compiler unroll and vectorize whole blocks
+            hp_sz_stat_lanes<D, MODE>(x + b * HPCDL_BLOCK, HPCDL_BLOCK, local, sums);
+        else
+            hp_sz_stat_lanes<D, MODE>(x + b * HPCDL_BLOCK, count, local, sums);
+    }
     for (int k = 0; k < 8; ++k) part_sums[k] = sums[k];
 }
 
@@ -225,7 +231,7 @@ int sz_decode_dtype(int dtype, const hp_u8* headers, hp_i64 n_words, const hp_u3
 
 hp_u64 checksum(const hp_u64* words, hp_i64 n);
 
-// The 8 sums of sz_stats (hp_sz_stat in kernels/sz_block.cuh) over the n elements of x, into sums.
+// The 8 sums of sz_stats (hp_sz_stat_lanes in kernels/sz_block.cuh) over the n elements of x, into sums.
 // Returns 0, or -1 for an unknown dtype.
 int sz_stats_dtype(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
                    const double* reconstruction, hp_i64* sums) {

@@ -243,34 +243,44 @@ HPCDL_HD inline hp_i32 hp_sz_code(typename D::T x, const HpSzParams& p) {
     return ((level ^ negative) - negative) & usable;
 }
 
-// sz_stats of one element (docs/format.md, section 5), added to sums[8]: for x > 0 then x < 0, abs: the count
-// and the sum of |x| / unit of level 1 (sums[0..3]), the count and the sum of (|x| - bin centre) / unit of the
-// levels >= 2 (sums[4..7]), unit = eb / 2^HPCDL_STAT_BITS; pw_rel: sums[4..7] only, the count and the sum of the
-// dropped low bits (their top HPCDL_STAT_BITS bits when more are dropped). Elements with code 0 add nothing.
+// sz_stats of `count` (1..32) elements at xb (docs/format.md, section 5), added to sums[8]: for x > 0 then x < 0,
+// abs: the count and the sum of |x| / unit of level 1 (sums[0..3]), the count and the sum of (|x| - bin centre) /
+// unit of the levels >= 2 (sums[4..7]), unit = eb / 2^HPCDL_STAT_BITS; pw_rel: sums[4..7] only, the count and the
+// sum of the dropped low bits (their top HPCDL_STAT_BITS bits when more are dropped). Elements with code 0 add
+// nothing. Eight fixed int32 accumulators (|units| < 2^21, 32 lanes) and selects, so the host loop vectorizes.
 template <class D, int MODE>
-HPCDL_HD_INLINE void hp_sz_stat(typename D::T x, const HpSzParams& p, hp_i64* sums) {
+HPCDL_HD_INLINE void hp_sz_stat_lanes(const typename D::S* xb, int count, const HpSzParams& p, hp_i64* sums) {
     typedef typename D::T T;
     typedef typename D::UT UT;
-    hp_i32 code = hp_sz_code<D, MODE>(x, p);
-    hp_u32 negative = (hp_u32)code >> 31, magnitude = ((hp_u32)code ^ (0u - negative)) + negative;
-    hp_i64 units;
-    if (MODE == HPCDL_MODE_PW_REL) {
-        int drop = p.shift > HPCDL_STAT_BITS ? p.shift - HPCDL_STAT_BITS : 0;
-        UT low = D::bits(hp_abs(x)) & (((UT)1 << p.shift) - 1);
-        units = (hp_i64)(low >> drop);
-    } else {
-        T magnitude_x = hp_abs(x), scale = (T)((double)(1 << HPCDL_STAT_BITS) / p.eb);
-        T centre = (T)(hp_i32)(magnitude - 2u) * (T)p.step + (T)(p.eb + 0.5 * p.step);
-        T offset = (magnitude == 1u ? magnitude_x : magnitude_x - centre) * scale;
-        const T limit = (T)(2 << HPCDL_STAT_BITS);  // never reached by a code's element; keeps the cast defined
-        offset = offset < limit ? offset : limit;
-        offset = offset > -limit ? offset : -limit;
-        units = (hp_i64)offset;
+    const HpSzParams local = p;
+    const int drop = local.shift > HPCDL_STAT_BITS ? local.shift - HPCDL_STAT_BITS : 0;
+    const UT low_mask = ((UT)1 << local.shift) - 1;
+    const T scale = (T)((double)(1 << HPCDL_STAT_BITS) / local.eb), step = (T)local.step;
+    const T centre_2 = (T)(local.eb + 0.5 * local.step), limit = (T)(2 << HPCDL_STAT_BITS);
+    hp_i32 n1p = 0, s1p = 0, n1n = 0, s1n = 0, n2p = 0, s2p = 0, n2n = 0, s2n = 0;
+    for (int i = 0; i < count; ++i) {
+        T x = D::load(xb[i]);
+        hp_i32 code = hp_sz_code<D, MODE>(x, local);
+        hp_u32 negative = (hp_u32)code >> 31, magnitude = ((hp_u32)code ^ (0u - negative)) + negative;
+        hp_i32 units;
+        if (MODE == HPCDL_MODE_PW_REL) {
+            units = (hp_i32)((D::bits(hp_abs(x)) & low_mask) >> drop);
+        } else {
+            T centre = (T)(hp_i32)(magnitude - 2u) * step + centre_2;
+            T offset = (magnitude == 1u ? hp_abs(x) : hp_abs(x) - centre) * scale;
+            offset = offset < limit ? offset : limit;  // never reached by a coded element; keeps the cast defined
+            offset = offset > -limit ? offset : -limit;
+            units = (hp_i32)offset;
+        }
+        hp_i32 level1 = MODE == HPCDL_MODE_PW_REL ? 0 : magnitude == 1u, binned = level1 ? 0 : magnitude != 0u;
+        hp_i32 positive = code > 0, below = code < 0;
+        n1p += level1 & positive, s1p += level1 & positive ? units : 0;
+        n1n += level1 & below, s1n += level1 & below ? units : 0;
+        n2p += binned & positive, s2p += binned & positive ? units : 0;
+        n2n += binned & below, s2n += binned & below ? units : 0;
     }
-    int slot = (magnitude >= 2u || MODE == HPCDL_MODE_PW_REL ? 4 : 0) + 2 * (int)negative;
-    hp_i64 counted = magnitude != 0u;
-    sums[slot] += counted;
-    sums[slot + 1] += counted ? units : 0;
+    sums[0] += n1p, sums[1] += s1p, sums[2] += n1n, sums[3] += s1n;
+    sums[4] += n2p, sums[5] += s2p, sums[6] += n2n, sums[7] += s2n;
 }
 
 // Verification in float64, as hpcdl.compress.check_bound judges: the decoded value y (already rounded to the

@@ -107,7 +107,7 @@ def quantize(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Ten
 
 
 def sz_stats(x: torch.Tensor, params: SzParams) -> tuple[int, ...]:
-    """The 8 integer sums the unbiased reconstruction is computed from (kernels/sz_block.cuh, hp_sz_stat): for
+    """The 8 integer sums the unbiased reconstruction is computed from (kernels/sz_block.cuh, hp_sz_stat_lanes): for
     x > 0 then x < 0, abs: count and sum of |x| / unit of level 1, then count and sum of (|x| - bin centre) / unit
     of the levels >= 2, unit = eb / 2^STAT_BITS; pw_rel: zeros, then count and sum of the dropped low bits (their
     top STAT_BITS bits)."""
