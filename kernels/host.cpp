@@ -116,6 +116,50 @@ static void sz_encode_mode(int mode, int index64, const void* x, hp_i64 n, const
     }
 }
 
+// The quantizer parameters from the C interface's arguments (reconstruction: step, sub[0], sub[1], base[0], base[1]).
+static HpSzParams sz_params(double eb, double inv, double bound, int shift, const double* reconstruction) {
+    const double* r = reconstruction;
+    return HpSzParams{eb, inv, bound, shift, r[0], {r[1], r[2]}, {r[3], r[4]}};
+}
+
+// sz_stats (hp_sz_stat_lanes) of the blocks of one part, into part_sums[8].
+template <class D, int MODE>
+static void sz_stats_part(const typename D::S* x, hp_i64 n, hp_i64 part, const HpSzParams& p, hp_i64* part_sums) {
+    hp_i64 first = part * HPCDL_PART_BLOCKS, blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
+    hp_i64 last = first + HPCDL_PART_BLOCKS < blocks ? first + HPCDL_PART_BLOCKS : blocks;
+    hp_i64 sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const HpSzParams local = p;
+    for (hp_i64 b = first; b < last; ++b) {
+        int count = hp_block_count(n, b);
+        if (count == HPCDL_BLOCK)  // the constant count lets the compiler unroll and vectorize whole blocks
+            hp_sz_stat_lanes<D, MODE>(x + b * HPCDL_BLOCK, HPCDL_BLOCK, local, sums);
+        else
+            hp_sz_stat_lanes<D, MODE>(x + b * HPCDL_BLOCK, count, local, sums);
+    }
+    for (int k = 0; k < 8; ++k) part_sums[k] = sums[k];
+}
+
+// Sums of sz_stats over the parts, added in part order (integers: the order does not change them anyway).
+template <class D, int MODE>
+static void sz_stats(const void* x, hp_i64 n, const HpSzParams& p, hp_i64* sums) {
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, parts = (blocks + HPCDL_PART_BLOCKS - 1) / HPCDL_PART_BLOCKS;
+    for (int k = 0; k < 8; ++k) sums[k] = 0;
+    if (parts == 0) return;
+    hp_i64* part_sums = new hp_i64[8 * parts];
+#pragma omp parallel for schedule(dynamic, 1) if (parts > 1)
+    for (hp_i64 part = 0; part < parts; ++part)
+        sz_stats_part<D, MODE>((const typename D::S*)x, n, part, p, part_sums + 8 * part);
+    for (hp_i64 part = 0; part < parts; ++part)
+        for (int k = 0; k < 8; ++k) sums[k] += part_sums[8 * part + k];
+    delete[] part_sums;
+}
+
+template <class D>
+static void sz_stats_mode(int mode, const void* x, hp_i64 n, const HpSzParams& p, hp_i64* sums) {
+    if (mode == HPCDL_MODE_PW_REL) sz_stats<D, HPCDL_MODE_PW_REL>(x, n, p, sums);
+    else sz_stats<D, HPCDL_MODE_ABS>(x, n, p, sums);
+}
+
 // Decoding: words of the blocks of each part (HPCDL_PART_BLOCKS) start at the sum of the earlier parts' words.
 template <class D, int MODE>
 static void sz_decode_part(const hp_u8* headers, hp_i64 first_word, const hp_u32* words, hp_i64 n, hp_i64 part,
@@ -172,9 +216,10 @@ static int part_word_offsets(const hp_u8* headers, hp_i64 blocks, hp_i64 n_words
 // every block into out (dtype code `dtype`); part_first_words is scratch of one int64 per part of
 // HPCDL_PART_BLOCKS blocks. Returns 0, or -1 for an unknown dtype.
 int sz_decode_dtype(int dtype, const hp_u8* headers, hp_i64 n_words, const hp_u32* words, hp_i64 n, int mode,
-                    double eb, double bound, int shift, hp_i64* part_first_words, void* out) {
+                    double eb, double bound, int shift, const double* reconstruction, hp_i64* part_first_words,
+                    void* out) {
     if (part_word_offsets(headers, (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, n_words, part_first_words) != 0) return -2;
-    HpSzParams p = {eb, 0.0, bound, shift};
+    HpSzParams p = sz_params(eb, 0.0, bound, shift, reconstruction);
     switch (dtype) {
         case HPCDL_DTYPE_F32: sz_decode_mode<HpF32>(mode, headers, part_first_words, words, n, p, out); return 0;
         case HPCDL_DTYPE_F16: sz_decode_mode<HpF16>(mode, headers, part_first_words, words, n, p, out); return 0;
@@ -186,13 +231,27 @@ int sz_decode_dtype(int dtype, const hp_u8* headers, hp_i64 n_words, const hp_u3
 
 hp_u64 checksum(const hp_u64* words, hp_i64 n);
 
+// The 8 sums of sz_stats (hp_sz_stat_lanes in kernels/sz_block.cuh) over the n elements of x, into sums.
+// Returns 0, or -1 for an unknown dtype.
+int sz_stats_dtype(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
+                   const double* reconstruction, hp_i64* sums) {
+    HpSzParams p = sz_params(eb, inv, bound, shift, reconstruction);
+    switch (dtype) {
+        case HPCDL_DTYPE_F32: sz_stats_mode<HpF32>(mode, x, n, p, sums); return 0;
+        case HPCDL_DTYPE_F16: sz_stats_mode<HpF16>(mode, x, n, p, sums); return 0;
+        case HPCDL_DTYPE_BF16: sz_stats_mode<HpBF16>(mode, x, n, p, sums); return 0;
+        case HPCDL_DTYPE_F64: sz_stats_mode<HpF64>(mode, x, n, p, sums); return 0;
+    }
+    return -1;
+}
+
 // Fused encoding, step 1: headers of every block into `headers`, and each part's words and outliers into
 // scratch (words: 32 per block; indices (int64 if index64, else int32) and values: one per element), with each
 // part's word and outlier counts. Returns 0, or -1 for an unknown dtype.
 int sz_encode_dtype(int dtype, const void* x, hp_i64 n, int mode, double eb, double inv, double bound, int shift,
-                    int index64, hp_u8* headers, hp_u32* words, void* indices, void* values, hp_i64* part_words,
-                    hp_i64* part_outliers) {
-    HpSzParams p = {eb, inv, bound, shift};
+                    const double* reconstruction, int index64, hp_u8* headers, hp_u32* words, void* indices,
+                    void* values, hp_i64* part_words, hp_i64* part_outliers) {
+    HpSzParams p = sz_params(eb, inv, bound, shift, reconstruction);
     switch (dtype) {
         case HPCDL_DTYPE_F32:
             sz_encode_mode<HpF32>(mode, index64, x, n, p, headers, words, indices, values, part_words, part_outliers);
@@ -271,5 +330,5 @@ hp_u64 checksum(const hp_u64* words, hp_i64 n) {
 }  // namespace
 
 extern "C" const HpHostKernels HPCDL_TABLE(HPCDL_HOST_ISA) = {
-    sz_decode_dtype, sz_encode_dtype, sz_assemble, block_headers, pack, unpack, checksum,
+    sz_decode_dtype, sz_stats_dtype, sz_encode_dtype, sz_assemble, block_headers, pack, unpack, checksum,
 };

@@ -16,7 +16,7 @@
 // Raise it whenever an exported function, its arguments or the meaning of a result changes (with ABI_VERSION in
 // hpcdl/compress/blocks/host.py). Overridable (-DHPCDL_HOST_ABI_VERSION=...) only to test the refusal.
 #ifndef HPCDL_HOST_ABI_VERSION
-#define HPCDL_HOST_ABI_VERSION 1
+#define HPCDL_HOST_ABI_VERSION 2
 #endif
 
 // Blocks per part of the fused encoder and of the parallel decoder (kernels/host.cpp): the caller sizes its
@@ -25,13 +25,16 @@
 #define HPCDL_PART_BLOCKS 8192
 #endif
 
-// The functions of one build, in the order of kernels/host.cpp, which documents each of them.
+// The functions of one build, in the order of kernels/host.cpp, which documents each of them. `reconstruction`
+// is the 5 doubles step, sub[0], sub[1], base[0], base[1] of HpSzParams (kernels/sz_block.cuh).
 struct HpHostKernels {
     int (*sz_decode)(int dtype, const unsigned char* headers, long long n_words, const unsigned int* words,
-                     long long n, int mode, double eb, double bound, int shift, long long* part_first_words,
-                     void* out);
+                     long long n, int mode, double eb, double bound, int shift, const double* reconstruction,
+                     long long* part_first_words, void* out);
+    int (*sz_stats)(int dtype, const void* x, long long n, int mode, double eb, double inv, double bound, int shift,
+                    const double* reconstruction, long long* sums);
     int (*sz_encode)(int dtype, const void* x, long long n, int mode, double eb, double inv, double bound, int shift,
-                     int index64, unsigned char* headers, unsigned int* words, void* indices, void* values,
+                     const double* reconstruction, int index64, unsigned char* headers, unsigned int* words, void* indices, void* values,
                      long long* part_words, long long* part_outliers);
     unsigned long long (*sz_assemble)(long long n, const unsigned char* headers, const unsigned int* words,
                                       const unsigned char* indices, int index_size, const unsigned char* values,
@@ -66,10 +69,12 @@ const char* hpcdl_host_isa(void);
 
 // The kernels, forwarded to the active build's table (HpHostKernels above; kernels/host.cpp documents them).
 int hpcdl_sz_decode(int dtype, const unsigned char* headers, long long n_words, const unsigned int* words,
-                    long long n, int mode, double eb, double bound, int shift, long long* part_first_words,
-                    void* out);
+                    long long n, int mode, double eb, double bound, int shift, const double* reconstruction,
+                    long long* part_first_words, void* out);
+int hpcdl_sz_stats(int dtype, const void* x, long long n, int mode, double eb, double inv, double bound, int shift,
+                   const double* reconstruction, long long* sums);
 int hpcdl_sz_encode(int dtype, const void* x, long long n, int mode, double eb, double inv, double bound, int shift,
-                    int index64, unsigned char* headers, unsigned int* words, void* indices, void* values,
+                    const double* reconstruction, int index64, unsigned char* headers, unsigned int* words, void* indices, void* values,
                     long long* part_words, long long* part_outliers);
 unsigned long long hpcdl_sz_assemble(long long n, const unsigned char* headers, const unsigned int* words,
                                      const unsigned char* indices, int index_size, const unsigned char* values,

@@ -93,17 +93,22 @@ int hpcdl_host_select(const char* isa) {
 const char* hpcdl_host_isa(void) { return active->isa; }
 
 int hpcdl_sz_decode(int dtype, const unsigned char* headers, long long n_words, const unsigned int* words,
-                    long long n, int mode, double eb, double bound, int shift, long long* part_first_words,
-                    void* out) {
-    return active->kernels->sz_decode(dtype, headers, n_words, words, n, mode, eb, bound, shift, part_first_words,
-                                      out);
+                    long long n, int mode, double eb, double bound, int shift, const double* reconstruction,
+                    long long* part_first_words, void* out) {
+    return active->kernels->sz_decode(dtype, headers, n_words, words, n, mode, eb, bound, shift, reconstruction,
+                                      part_first_words, out);
+}
+
+int hpcdl_sz_stats(int dtype, const void* x, long long n, int mode, double eb, double inv, double bound, int shift,
+                   const double* reconstruction, long long* sums) {
+    return active->kernels->sz_stats(dtype, x, n, mode, eb, inv, bound, shift, reconstruction, sums);
 }
 
 int hpcdl_sz_encode(int dtype, const void* x, long long n, int mode, double eb, double inv, double bound, int shift,
-                    int index64, unsigned char* headers, unsigned int* words, void* indices, void* values,
-                    long long* part_words, long long* part_outliers) {
-    return active->kernels->sz_encode(dtype, x, n, mode, eb, inv, bound, shift, index64, headers, words, indices,
-                                      values, part_words, part_outliers);
+                    const double* reconstruction, int index64, unsigned char* headers, unsigned int* words,
+                    void* indices, void* values, long long* part_words, long long* part_outliers) {
+    return active->kernels->sz_encode(dtype, x, n, mode, eb, inv, bound, shift, reconstruction, index64, headers,
+                                      words, indices, values, part_words, part_outliers);
 }
 
 unsigned long long hpcdl_sz_assemble(long long n, const unsigned char* headers, const unsigned int* words,

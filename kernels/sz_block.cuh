@@ -177,14 +177,21 @@ struct HpF64 {
 
 // ---------------------------------------------------------------- quantizer
 
-// Encoder and decoder parameters; `inv` and `eb` are float64 values cast to T here (round to nearest).
+// Encoder and decoder parameters; the float64 values are cast to T where they are used (round to nearest).
 // The mode (HPCDL_MODE_ABS or HPCDL_MODE_PW_REL) is a template argument so that the element loops vectorize.
+// Index 0 of sub and base is for x > 0, index 1 for x < 0 (docs/format.md, section 5).
 struct HpSzParams {
-    double eb;     // absolute bound (abs, rel)
-    double inv;    // 1 / (2 eb)
-    double bound;  // pw_rel bound
-    int shift;     // pw_rel: low bits of |x| dropped
+    double eb;       // absolute bound (abs, rel)
+    double inv;      // 1 / step (encoder only)
+    double bound;    // pw_rel bound
+    int shift;       // pw_rel: low bits of |x| dropped
+    double step;     // abs: width of the bins of levels >= 2
+    double sub[2];   // abs: decoded magnitude of level 1, the elements with 0 < |x| <= eb
+    double base[2];  // abs: decoded magnitude of level 2; pw_rel: the value of the dropped low bits (an integer)
 };
+
+// Fixed-point unit of the sz_stats sums of abs mode: eb / 2^HPCDL_STAT_BITS.
+#define HPCDL_STAT_BITS 20
 
 HPCDL_HD inline float hp_abs(float x) { return fabsf(x); }
 HPCDL_HD inline double hp_abs(double x) { return fabs(x); }
@@ -198,17 +205,20 @@ HPCDL_HD inline typename D::T hp_sz_value(hp_i32 q, const HpSzParams& p) {
     hp_u32 negative = (hp_u32)q >> 31, magnitude = ((hp_u32)q ^ (0u - negative)) + negative;
     T value;
     if (MODE == HPCDL_MODE_PW_REL) {
-        UT half = p.shift > 0 ? ((UT)1 << (p.shift - 1)) : (UT)0;
-        value = D::from_bits((((UT)magnitude - 1) << p.shift) | half);
+        UT low = negative ? (UT)p.base[1] : (UT)p.base[0];
+        value = D::from_bits((((UT)magnitude - 1) << p.shift) | low);
     } else {
-        value = (T)(hp_i32)(2u * magnitude - 1u) * (T)p.eb;
+        T sub = negative ? (T)p.sub[1] : (T)p.sub[0], base = negative ? (T)p.base[1] : (T)p.base[0];
+        T binned = (T)(hp_i32)(magnitude - 2u) * (T)p.step + base;
+        value = magnitude == 1u ? sub : binned;
     }
-    // sign and zero as bit operations (a negation is a sign-bit flip), so the loops stay branch- and blend-free
+    // sign and zero as bit operations (a negation is a sign-bit flip)
     UT sign = (UT)negative << (sizeof(UT) * 8 - 1), keep = magnitude ? ~(UT)0 : (UT)0;
     return D::from_bits((D::bits(value) ^ sign) & keep);
 }
 
 // Code of one element before verification: sign(x) * level, or 0 for zero, NaN, +-Inf and levels past HPCDL_MAX_Q.
+// abs: level 1 for 0 < |x| <= eb, else 1 + ceil((|x| - eb) / step).
 template <class D, int MODE>
 HPCDL_HD inline hp_i32 hp_sz_code(typename D::T x, const HpSzParams& p) {
     typedef typename D::T T;
@@ -221,15 +231,56 @@ HPCDL_HD inline hp_i32 hp_sz_code(typename D::T x, const HpSzParams& p) {
         usable = -(hp_i32)((bits != 0) & (bits < D::INF_BITS) & (bits_level <= (UT)HPCDL_MAX_Q));
         level = (hp_i32)bits_level;
     } else {
-        // ceil(|x| / (2 eb)) lies in 1..MAX_Q exactly when 0 < |x| * inv <= MAX_Q (false for 0, NaN, Inf)
-        T scaled = magnitude * (T)p.inv;
-        usable = -(hp_i32)((scaled > (T)0) & (scaled <= (T)HPCDL_MAX_Q));
+        // 1 + ceil(scaled) lies in 1..MAX_Q exactly when |x| > 0 and scaled <= MAX_Q - 1 (false for NaN, Inf)
+        T above = magnitude - (T)p.eb;
+        T scaled = (above > (T)0 ? above : (T)0) * (T)p.inv;
+        usable = -(hp_i32)((magnitude > (T)0) & (scaled <= (T)(HPCDL_MAX_Q - 1)));
         T in_range = usable ? scaled : (T)0;
         hp_i32 truncated = (hp_i32)in_range;
-        level = truncated + ((T)truncated < in_range ? 1 : 0);
+        level = 1 + truncated + ((T)truncated < in_range ? 1 : 0);
     }
     hp_i32 negative = x < (T)0 ? -1 : 0;
     return ((level ^ negative) - negative) & usable;
+}
+
+// sz_stats of `count` (1..32) elements at xb (docs/format.md, section 5), added to sums[8]: for x > 0 then x < 0,
+// abs: the count and the sum of |x| / unit of level 1 (sums[0..3]), the count and the sum of (|x| - bin centre) /
+// unit of the levels >= 2 (sums[4..7]), unit = eb / 2^HPCDL_STAT_BITS; pw_rel: sums[4..7] only, the count and the
+// sum of the dropped low bits (their top HPCDL_STAT_BITS bits when more are dropped). Elements with code 0 add
+// nothing. Eight fixed int32 accumulators (|units| < 2^21, 32 lanes) and selects, so the host loop vectorizes.
+template <class D, int MODE>
+HPCDL_HD_INLINE void hp_sz_stat_lanes(const typename D::S* xb, int count, const HpSzParams& p, hp_i64* sums) {
+    typedef typename D::T T;
+    typedef typename D::UT UT;
+    const HpSzParams local = p;
+    const int drop = local.shift > HPCDL_STAT_BITS ? local.shift - HPCDL_STAT_BITS : 0;
+    const UT low_mask = ((UT)1 << local.shift) - 1;
+    const T scale = (T)((double)(1 << HPCDL_STAT_BITS) / local.eb), step = (T)local.step;
+    const T centre_2 = (T)(local.eb + 0.5 * local.step), limit = (T)(2 << HPCDL_STAT_BITS);
+    hp_i32 n1p = 0, s1p = 0, n1n = 0, s1n = 0, n2p = 0, s2p = 0, n2n = 0, s2n = 0;
+    for (int i = 0; i < count; ++i) {
+        T x = D::load(xb[i]);
+        hp_i32 code = hp_sz_code<D, MODE>(x, local);
+        hp_u32 negative = (hp_u32)code >> 31, magnitude = ((hp_u32)code ^ (0u - negative)) + negative;
+        hp_i32 units;
+        if (MODE == HPCDL_MODE_PW_REL) {
+            units = (hp_i32)((D::bits(hp_abs(x)) & low_mask) >> drop);
+        } else {
+            T centre = (T)(hp_i32)(magnitude - 2u) * step + centre_2;
+            T offset = (magnitude == 1u ? hp_abs(x) : hp_abs(x) - centre) * scale;
+            offset = offset < limit ? offset : limit;  // never reached by a coded element; keeps the cast defined
+            offset = offset > -limit ? offset : -limit;
+            units = (hp_i32)offset;
+        }
+        hp_i32 level1 = MODE == HPCDL_MODE_PW_REL ? 0 : magnitude == 1u, binned = level1 ? 0 : magnitude != 0u;
+        hp_i32 positive = code > 0, below = code < 0;
+        n1p += level1 & positive, s1p += level1 & positive ? units : 0;
+        n1n += level1 & below, s1n += level1 & below ? units : 0;
+        n2p += binned & positive, s2p += binned & positive ? units : 0;
+        n2n += binned & below, s2n += binned & below ? units : 0;
+    }
+    sums[0] += n1p, sums[1] += s1p, sums[2] += n1n, sums[3] += s1n;
+    sums[4] += n2p, sums[5] += s2p, sums[6] += n2n, sums[7] += s2n;
 }
 
 // Verification in float64, as hpcdl.compress.check_bound judges: the decoded value y (already rounded to the
@@ -534,22 +585,30 @@ HPCDL_HD inline int hp_block_count(hp_i64 n, hp_i64 block) {
 // Every operation is the IEEE operation the portable code performs, so codes and outliers are identical.
 inline hp_u32 hp_sz_quantize32_f32_abs(const float* xb, const HpSzParams& p, hp_i32* q) {
     const __m512 inv = _mm512_set1_ps((float)p.inv), eb = _mm512_set1_ps((float)p.eb), zero = _mm512_setzero_ps();
-    const __m512 max_q = _mm512_set1_ps((float)HPCDL_MAX_Q);
+    const __m512 step = _mm512_set1_ps((float)p.step), max_scaled = _mm512_set1_ps((float)(HPCDL_MAX_Q - 1));
+    const __m512 sub_positive = _mm512_set1_ps((float)p.sub[0]), sub_negative = _mm512_set1_ps((float)p.sub[1]);
+    const __m512 base_positive = _mm512_set1_ps((float)p.base[0]), base_negative = _mm512_set1_ps((float)p.base[1]);
     const __m512d tolerance = _mm512_set1_pd(p.eb);
-    const __m512i one = _mm512_set1_epi32(1), sign_bit = _mm512_set1_epi32((int)0x80000000u);
+    const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2), sign_bit = _mm512_set1_epi32((int)0x80000000u);
     hp_u32 outliers = 0;
     for (int half = 0; half < 2; ++half) {
         __m512 x = _mm512_loadu_ps(xb + 16 * half);
-        __m512 scaled = _mm512_mul_ps(_mm512_abs_ps(x), inv);
-        __mmask16 usable = _mm512_cmp_ps_mask(scaled, zero, _CMP_GT_OQ) & _mm512_cmp_ps_mask(scaled, max_q, _CMP_LE_OQ);
+        __m512 magnitude_x = _mm512_abs_ps(x);
+        // max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
+        __m512 scaled = _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(magnitude_x, eb), zero), inv);
+        __mmask16 usable = _mm512_cmp_ps_mask(magnitude_x, zero, _CMP_GT_OQ) &
+                           _mm512_cmp_ps_mask(scaled, max_scaled, _CMP_LE_OQ);
         __m512 in_range = _mm512_maskz_mov_ps(usable, scaled);
         __m512i truncated = _mm512_cvttps_epi32(in_range);
         __mmask16 round_up = _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ);
-        __m512i level = _mm512_mask_add_epi32(truncated, round_up, truncated, one);
+        __m512i level = _mm512_add_epi32(_mm512_mask_add_epi32(truncated, round_up, truncated, one), one);
         __mmask16 negative = _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ);
         __m512i code = _mm512_maskz_mov_epi32(usable, _mm512_mask_sub_epi32(level, negative, _mm512_setzero_si512(), level));
-        // decoded value: (2 level - 1) * eb with x's sign, 0 where the code is 0
-        __m512 magnitude = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_add_epi32(level, level), one)), eb);
+        // decoded value: level 1 -> sub, else (level - 2) * step + base, of x's sign; 0 where the code is 0
+        __m512 sub = _mm512_mask_blend_ps(negative, sub_positive, sub_negative);
+        __m512 base = _mm512_mask_blend_ps(negative, base_positive, base_negative);
+        __m512 binned = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(level, two)), step), base);
+        __m512 magnitude = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(level, one), binned, sub);
         __m512i y_bits = _mm512_mask_xor_epi32(_mm512_castps_si512(magnitude), negative, _mm512_castps_si512(magnitude), sign_bit);
         __mmask16 nonzero = _mm512_test_epi32_mask(code, code);
         __m512 y = _mm512_castsi512_ps(_mm512_maskz_mov_epi32(nonzero, y_bits));

@@ -6,23 +6,27 @@
 #define HPCDL_BLOCK_INDEX ((hp_i64)blockIdx.x * blockDim.x + threadIdx.x)
 #define HPCDL_BLOCKS(n) (((n) + HPCDL_BLOCK - 1) / HPCDL_BLOCK)
 
+// The reconstruction parameters of HpSzParams, as kernel arguments and as the tail of its initializer.
+#define RECONSTRUCTION double step, double sub_positive, double sub_negative, double base_positive, double base_negative
+#define PARAMS_TAIL step, {sub_positive, sub_negative}, {base_positive, base_negative}
+
 #define HPCDL_SZ_KERNELS(SUFFIX, TYPE)                                                                              \
     extern "C" __global__ void hpcdl_sz_headers_##SUFFIX(const TYPE::S* x, hp_i64 n, int mode, double eb,           \
-                                                         double inv, double bound, int shift, hp_u8* headers,       \
-                                                         hp_i32* outlier_counts) {                                   \
+                                                         double inv, double bound, int shift, RECONSTRUCTION,      \
+                                                         hp_u8* headers, hp_i32* outlier_counts) {                                   \
         hp_i64 b = HPCDL_BLOCK_INDEX;                                                                                \
         if (b >= HPCDL_BLOCKS(n)) return;                                                                            \
-        HpSzParams p = {eb, inv, bound, shift};                                                                      \
+        HpSzParams p = {eb, inv, bound, shift, PARAMS_TAIL};                                                                  \
         if (mode == HPCDL_MODE_PW_REL) hp_sz_header_block<TYPE, HPCDL_MODE_PW_REL>(x, n, b, p, headers, outlier_counts); \
         else hp_sz_header_block<TYPE, HPCDL_MODE_ABS>(x, n, b, p, headers, outlier_counts);                          \
     }                                                                                                                \
     extern "C" __global__ void hpcdl_sz_pack_##SUFFIX(const TYPE::S* x, hp_i64 n, int mode, double eb, double inv,  \
-                                                      double bound, int shift, const hp_u8* headers,                 \
+                                                      double bound, int shift, RECONSTRUCTION, const hp_u8* headers, \
                                                       const hp_i64* offsets, const hp_i64* outlier_offsets,          \
                                                       hp_u32* words, void* indices, int index64, TYPE::S* values) {  \
         hp_i64 b = HPCDL_BLOCK_INDEX;                                                                                \
         if (b >= HPCDL_BLOCKS(n)) return;                                                                            \
-        HpSzParams p = {eb, inv, bound, shift};                                                                      \
+        HpSzParams p = {eb, inv, bound, shift, PARAMS_TAIL};                                                                  \
         if (mode == HPCDL_MODE_PW_REL)                                                                               \
             hp_sz_pack_block<TYPE, HPCDL_MODE_PW_REL>(x, n, b, p, headers, offsets, outlier_offsets, words, indices, \
                                                       index64, values);                                              \
@@ -32,10 +36,10 @@
     }                                                                                                                \
     extern "C" __global__ void hpcdl_sz_decode_##SUFFIX(const hp_u8* headers, const hp_i64* offsets,                 \
                                                         const hp_u32* words, hp_i64 n, int mode, double eb,          \
-                                                        double bound, int shift, TYPE::S* out) {                     \
+                                                        double bound, int shift, RECONSTRUCTION, TYPE::S* out) {     \
         hp_i64 b = HPCDL_BLOCK_INDEX;                                                                                \
         if (b >= HPCDL_BLOCKS(n)) return;                                                                            \
-        HpSzParams p = {eb, 0.0, bound, shift};                                                                      \
+        HpSzParams p = {eb, 0.0, bound, shift, PARAMS_TAIL};                                                                  \
         if (mode == HPCDL_MODE_PW_REL) hp_sz_decode_block<TYPE, HPCDL_MODE_PW_REL>(headers, offsets, words, n, b, p, out); \
         else hp_sz_decode_block<TYPE, HPCDL_MODE_ABS>(headers, offsets, words, n, b, p, out);                        \
     }

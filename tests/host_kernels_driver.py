@@ -7,7 +7,7 @@ no AVX2) to prove the library loads there, picks the build that CPU runs, and co
 
 selects ISA (default: the library's own choice) and prints one line: the active build, and the SHA-256 of every
 output of every kernel (sz encode and decode in abs and pw_rel mode for float32, float64, float16 and bfloat16 bit
-patterns; int codes' headers, packing and unpacking; checksum). It exits non-zero if a round trip
+patterns, with the stats sums; int codes' headers, packing and unpacking; checksum). It exits non-zero if a round trip
 breaks: decoded codes differ, or a decoded element is off by more than the bound and not an outlier.
 """
 
@@ -28,10 +28,12 @@ def load(path: str) -> ctypes.CDLL:
     library = ctypes.CDLL(path)
     library.hpcdl_host_select.argtypes = [c_char_p]
     library.hpcdl_host_isa.restype = c_char_p
-    library.hpcdl_sz_encode.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int, c_int,
-                                        c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]
+    library.hpcdl_sz_encode.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int,
+                                        c_void_p, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]
+    library.hpcdl_sz_stats.argtypes = [c_int, c_void_p, c_int64, c_int, c_double, c_double, c_double, c_int, c_void_p,
+                                       c_void_p]
     library.hpcdl_sz_decode.argtypes = [c_int, c_void_p, c_int64, c_void_p, c_int64, c_int, c_double, c_double, c_int,
-                                        c_void_p, c_void_p]
+                                        c_void_p, c_void_p, c_void_p]
     library.hpcdl_block_headers.argtypes = [c_void_p, c_int64, c_void_p]
     library.hpcdl_pack.argtypes = [c_void_p, c_int64, c_void_p, c_void_p, c_void_p]
     library.hpcdl_unpack.argtypes = [c_void_p, c_void_p, c_void_p, c_int64, c_void_p]
@@ -71,14 +73,22 @@ def sz_round_trip(library, digest, name: str, data: bytes, mode: int, bound: flo
     code, _, size, mantissa = DTYPES[name]
     blocks = (N + BLOCK - 1) // BLOCK
     eb, shift = (bound, 0) if mode == 0 else (0.0, pw_rel_shift(mantissa, 52 if name == "float64" else 23, bound))
-    inv = 1.0 / (2.0 * eb) if eb > 0 else math.inf
+    # a valid reconstruction (docs/format.md, section 5): abs bins of 2 eb (1 - 1/8), decoded off their centres
+    step = 2.0 * eb * (1 - 1 / 8)
+    half = (1 << shift) >> 1
+    reconstruction = (c_double * 5)(*((step, eb / 2, eb / 3, eb + step / 2 + eb / 10, eb + step / 2 - eb / 10)
+                                      if mode == 0 else (0.0, 0.0, 0.0, half, max(half - 1, 0))))
+    inv = 1.0 / step if eb > 0 else math.inf
     x = ctypes.create_string_buffer(data, len(data))
     headers = (ctypes.c_uint8 * blocks)()
     words = (ctypes.c_uint32 * (BLOCK * blocks))()
     indices = (ctypes.c_int32 * N)()
     values = ctypes.create_string_buffer(size * N)
     part_words, part_outliers = c_int64(), c_int64()
-    assert library.hpcdl_sz_encode(code, x, N, mode, eb, inv, bound, shift, 0, headers, words, indices, values,
+    sums = (c_int64 * 8)()
+    assert library.hpcdl_sz_stats(code, x, N, mode, eb, inv, bound, shift, reconstruction, sums) == 0
+    digest.update(bytes(sums))
+    assert library.hpcdl_sz_encode(code, x, N, mode, eb, inv, bound, shift, reconstruction, 0, headers, words, indices, values,
                                    byref(part_words), byref(part_outliers)) == 0
     n_words, n_outliers = part_words.value, part_outliers.value
     for part in (bytes(headers), bytes(words)[: 4 * n_words], bytes(indices)[: 4 * n_outliers],
@@ -86,8 +96,8 @@ def sz_round_trip(library, digest, name: str, data: bytes, mode: int, bound: flo
         digest.update(part)
     out = ctypes.create_string_buffer(size * N)
     part_first_words = c_int64()
-    assert library.hpcdl_sz_decode(code, headers, n_words, words, N, mode, eb, bound, shift, byref(part_first_words),
-                                   out) == 0
+    assert library.hpcdl_sz_decode(code, headers, n_words, words, N, mode, eb, bound, shift, reconstruction,
+                                   byref(part_first_words), out) == 0
     digest.update(out.raw)
     if name in ("float32", "float64"):  # the bound holds on every element that is not an outlier
         fmt = f"<{N}{DTYPES[name][1]}"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -129,8 +130,9 @@ def peek_codec_id(blob: bytes) -> str:
         raise CodecError("packed header's codec id is not ASCII: the stream is corrupted") from err
 
 
-def read_header(blob: bytes, codec_id: str, fields_format: str = "") -> Header:
-    """Parse and validate a header written by ``codec_id`` with ``fields_format``, checking its CRC-32."""
+def read_header(blob: bytes, codec_id: str, fields_format: str = "", retired: Mapping[int, str] | None = None) -> Header:
+    """Parse and validate a header written by ``codec_id`` with ``fields_format``, checking its CRC-32.
+    ``retired`` maps the field sizes of the codec's earlier stream formats to why they are no longer read."""
     found = peek_codec_id(blob)
     if found != codec_id:
         raise CodecError(
@@ -148,6 +150,9 @@ def read_header(blob: bytes, codec_id: str, fields_format: str = "") -> Header:
         raise CodecError(f"packed header has an impossible shape {shape}: the stream is corrupted")
     (fields_len,) = reader.unpack("H", "fields length")
     expected = struct.calcsize("<" + fields_format)
+    if retired and fields_len in retired and fields_len != expected:
+        raise CodecError(f"packed {codec_id!r} stream has {fields_len} bytes of fields, an earlier format that this "
+                         f"hpcdl does not read: {retired[fields_len]}")
     if fields_len != expected:
         raise CodecError(
             f"packed header of {codec_id!r} has {fields_len} bytes of fields, expected {expected}: "

@@ -82,7 +82,7 @@ class IntCodec(BlockCodec[None]):
     def get_config(self) -> dict:
         return {"id": self.codec_id}
 
-    def _prepare(self, flat: torch.Tensor) -> None:
+    def _prepare(self, kernels: BlockKernels, flat: torch.Tensor) -> None:
         return None
 
     def _encode_blocks(self, kernels: BlockKernels, flat: torch.Tensor, state: None,

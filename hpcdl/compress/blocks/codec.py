@@ -44,12 +44,14 @@ class BlockCodec(Codec, Generic[State]):
     ``decode_with`` take a backend name ("auto", "reference", "host", "cuda"): tests compare their bytes."""
 
     fields: ClassVar[str]  # struct format of the codec's header fields (docs/format.md)
+    retired_fields: ClassVar[dict[int, str]] = {}  # field sizes of earlier formats -> why they are not read
 
     # ---------------------------------------------------------------- what a subclass says
 
     @abstractmethod
-    def _prepare(self, flat: torch.Tensor) -> State:
-        """What encoding the flat tensor needs besides it (written to the header, raw or not)."""
+    def _prepare(self, kernels: BlockKernels, flat: torch.Tensor) -> State:
+        """What encoding the flat tensor needs besides it (written to the header, raw or not), computed with
+        ``kernels`` where it depends on the data."""
 
     @abstractmethod
     def _encode_blocks(self, kernels: BlockKernels, flat: torch.Tensor, state: State,
@@ -91,7 +93,7 @@ class BlockCodec(Codec, Generic[State]):
             return self.encode(tensor)  # raises the contract's TypeError
         kernels = backend_module(backend, tensor.device)
         flat = tensor.detach().contiguous().reshape(-1)
-        state = self._prepare(flat)
+        state = self._prepare(kernels, flat)
         encoded = self._encode_blocks(kernels, flat, state, raw_payload_size(flat.numel(), flat.dtype))
         if encoded is None:
             flags, n_words, n_outliers = FLAG_RAW, 0, 0
@@ -109,7 +111,7 @@ class BlockCodec(Codec, Generic[State]):
         """Decode with a chosen implementation, after checking the header and the payload against each other."""
         if not isinstance(packed, Packed):
             raise TypeError(f"{cls.codec_id} decodes a Packed, got {type(packed).__name__}")
-        header = read_header(packed.header, cls.codec_id, cls.fields)
+        header = read_header(packed.header, cls.codec_id, cls.fields, cls.retired_fields)
         dtype, numel = header.dtype, header.numel
         read = cls._read_fields(header) if dtype in cls.dtypes else None
         if read is None or read[0].flags not in (0, FLAG_RAW) or read[0].block != BLOCK:

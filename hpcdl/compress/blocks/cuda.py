@@ -67,13 +67,21 @@ def _launch(name: str, numel: int, *args) -> None:
         module.get_function(name)(((blocks + THREADS - 1) // THREADS,), (THREADS,), tuple(converted))
 
 
+def _reconstruction(params: SzParams) -> list[np.float64]:
+    """SzParams.reconstruction as the kernels' float64 arguments."""
+    return [np.float64(value) for value in params.reconstruction]
+
+
+sz_stats = reference.sz_stats  # integer sums: torch runs them on the device, with the same result as the host
+
+
 def sz_headers(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor]:
     n = x.numel()
     headers = torch.empty(block_count(n), dtype=torch.uint8, device=x.device)
     outlier_counts = torch.empty(block_count(n), dtype=torch.int32, device=x.device)
     _launch(f"hpcdl_sz_headers_{_SUFFIX[x.dtype]}", n, x, np.int64(n), np.int32(params.kernel_mode),
             np.float64(params.eb), np.float64(params.inv), np.float64(params.bound), np.int32(params.shift),
-            headers, outlier_counts)
+            *_reconstruction(params), headers, outlier_counts)
     return headers, outlier_counts
 
 
@@ -82,7 +90,7 @@ def sz_pack(x: torch.Tensor, params: SzParams, headers: torch.Tensor, offsets: t
     n = x.numel()
     _launch(f"hpcdl_sz_pack_{_SUFFIX[x.dtype]}", n, x, np.int64(n), np.int32(params.kernel_mode),
             np.float64(params.eb), np.float64(params.inv), np.float64(params.bound), np.int32(params.shift),
-            headers, offsets, outlier_offsets, words, indices, np.int32(indices.dtype == torch.int64), values)
+            *_reconstruction(params), headers, offsets, outlier_offsets, words, indices, np.int32(indices.dtype == torch.int64), values)
 
 
 def block_headers(q: torch.Tensor) -> torch.Tensor:
@@ -105,7 +113,8 @@ def decode_blocks(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Ten
                   params: SzParams) -> torch.Tensor:
     out = torch.empty(numel, dtype=dtype, device=headers.device)
     _launch(f"hpcdl_sz_decode_{_SUFFIX[dtype]}", numel, headers, offsets, words, np.int64(numel),
-            np.int32(params.kernel_mode), np.float64(params.eb), np.float64(params.bound), np.int32(params.shift), out)
+            np.int32(params.kernel_mode), np.float64(params.eb), np.float64(params.bound), np.int32(params.shift),
+            *_reconstruction(params), out)
     return out
 
 

@@ -32,7 +32,7 @@ from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count, index_dtype
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import DTYPE_CODES
 
-ABI_VERSION = 1  # HPCDL_HOST_ABI_VERSION of kernels/host_api.h: raise both together
+ABI_VERSION = 2  # HPCDL_HOST_ABI_VERSION of kernels/host_api.h: raise both together
 PART_BLOCKS = 8192  # blocks per part of the fused encoder and the decoder: HPCDL_PART_BLOCKS of kernels/host_api.h
 ISA_VARIABLE = "HPCDL_HOST_ISA"
 LIBRARY_VARIABLE = "HPCDL_HOST_LIBRARY"
@@ -48,9 +48,11 @@ PROTOTYPES: dict[str, tuple[type | None, list[type]]] = {
     "hpcdl_host_select": (c_int, [c_char_p]),
     "hpcdl_host_isa": (c_char_p, []),
     "hpcdl_sz_decode": (c_int, [c_int, c_void_p, c_longlong, c_void_p, c_longlong, c_int, c_double, c_double, c_int,
-                                c_void_p, c_void_p]),
-    "hpcdl_sz_encode": (c_int, [c_int, c_void_p, c_longlong, c_int, c_double, c_double, c_double, c_int, c_int,
-                                c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
+                                c_void_p, c_void_p, c_void_p]),
+    "hpcdl_sz_stats": (c_int, [c_int, c_void_p, c_longlong, c_int, c_double, c_double, c_double, c_int, c_void_p,
+                               c_void_p]),
+    "hpcdl_sz_encode": (c_int, [c_int, c_void_p, c_longlong, c_int, c_double, c_double, c_double, c_int, c_void_p,
+                                c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p]),
     "hpcdl_sz_assemble": (c_ulonglong, [c_longlong, c_void_p, c_void_p, c_void_p, c_int, c_void_p, c_int, c_void_p,
                                         c_void_p, c_void_p, c_longlong, c_longlong, c_longlong, c_longlong]),
     "hpcdl_block_headers": (None, [c_void_p, c_longlong, c_void_p]),
@@ -201,7 +203,7 @@ def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload 
     scratch = torch.empty(starts[-1] + sections[-1], dtype=torch.uint8)
     counts, headers, words, indices, values = (scratch.data_ptr() + start for start in starts)
     _check(LIBRARY.hpcdl_sz_encode(DTYPE_CODES[x.dtype], _ptr(x), n, params.kernel_mode, params.eb, params.inv,
-                                   params.bound, params.shift, int(index_size == 8), headers, words, indices, values,
+                                   params.bound, params.shift, _reconstruction(params), int(index_size == 8), headers, words, indices, values,
                                    counts, counts + 8 * parts))
     per_part = scratch[: 16 * parts].view(torch.int64).tolist()
     n_words, n_outliers = sum(per_part[:parts]), sum(per_part[parts:])
@@ -213,6 +215,18 @@ def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload 
                                          counts + 8 * parts, _ptr(data), layout.words_at, layout.indices_at,
                                          layout.values_at, layout.total)
     return BlockPayload(data, n_words, n_outliers, int(checksum))
+
+
+def sz_stats(x: torch.Tensor, params: SzParams) -> tuple[int, ...]:
+    sums = (c_longlong * 8)()
+    _check(LIBRARY.hpcdl_sz_stats(DTYPE_CODES[x.dtype], _ptr(x), x.numel(), params.kernel_mode, params.eb,
+                                  params.inv, params.bound, params.shift, _reconstruction(params), sums))
+    return tuple(sums)
+
+
+def _reconstruction(params: SzParams) -> ctypes.Array:
+    """SzParams.reconstruction as the kernels' array of 5 doubles."""
+    return (c_double * 5)(*params.reconstruction)
 
 
 def _align64(nbytes: int) -> int:
@@ -246,8 +260,8 @@ def sz_decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: i
     out = torch.empty(numel, dtype=dtype)
     part_first_words = torch.empty(max(1, (block_count(numel) + PART_BLOCKS - 1) // PART_BLOCKS), dtype=torch.int64)
     status = LIBRARY.hpcdl_sz_decode(DTYPE_CODES[dtype], _ptr(headers), n_words, _ptr(words), numel,
-                                     params.kernel_mode, params.eb, params.bound, params.shift, _ptr(part_first_words),
-                                     _ptr(out))
+                                     params.kernel_mode, params.eb, params.bound, params.shift,
+                                     _reconstruction(params), _ptr(part_first_words), _ptr(out))
     if status == -2:
         raise CodecError(f"sz block headers are corrupted: a block of more than 32 words, or not {n_words} words in all")
     _check(status)

@@ -2,7 +2,15 @@
 
 abs and rel quantize x by an absolute bound eb (rel: eb = bound * (max - min) over
 the finite elements, the same float64 arithmetic as hpcdl.compress.ErrorBound):
-code q = sign(x) * ceil(|x| / (2 eb)), decoded (2|q| - 1) * eb with sign.
+level 1 holds 0 < |x| <= eb, level k >= 2 the bin (eb + (k - 2) step, eb + (k - 1) step]
+with step = 2 eb (1 - slack) <= 2 eb, and the code is sign(x) * level. The decoded
+values are chosen from the tensor so that the errors are unbiased (docs/format.md,
+section 5): level 1 decodes to the mean |x| of its elements (any value in (0, eb]
+is within the bound of every one of them), level k >= 2 to (k - 2) step + base,
+with base the bin centre plus the mean offset of the elements from their bin
+centres, which the slack lets move by up to eb - step / 2 without breaking the
+bound. Each sign has its own sub and base. The means come from integer sums
+(:data:`STAT_BITS`), so every backend computes the same stream.
 
 pw_rel quantizes the IEEE bits of |x| instead, a piecewise-linear log2: dropping
 the low ``shift`` bits and decoding to the middle of the dropped range changes |x|
@@ -14,6 +22,7 @@ transform it needs only integer operations, so host and GPU decode bit-identical
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +35,14 @@ KERNEL_MODE_ABS = 0  # abs and rel
 KERNEL_MODE_PW_REL = 2
 MANTISSA_BITS = {torch.float32: 23, torch.float16: 10, torch.bfloat16: 7, torch.float64: 52}
 MAX_Q = 2**29  # |q| <= 2^29 keeps Lorenzo differences in int32 (kernels/sz_block.cuh)
+STAT_BITS = 20  # HPCDL_STAT_BITS: the stats sums count eb / 2^20 (abs), the top 20 dropped bits (pw_rel)
+# Slacks the encoder tries, smallest first (step = 2 eb (1 - slack)); it takes the first whose largest mean offset
+# on a sample of the tensor is within SLACK_MARGIN of what the slack allows. A bigger slack costs bits.
+SLACKS = (1 / 32, 1 / 16, 1 / 8, 3 / 16, 1 / 4, 3 / 8, 1 / 2)
+SLACK_MARGIN = 0.75
+SAMPLE_BLOCKS = 2048  # blocks of 32 the slack is chosen on (evenly spaced; the whole tensor when smaller)
+
+Stats = Callable[[torch.Tensor, "SzParams"], Sequence[int]]  # BlockKernels.sz_stats: the 8 sums of a flat tensor
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -43,12 +60,17 @@ def pw_rel_shift(dtype: torch.dtype, bound: float) -> int:
 
 @dataclass(frozen=True)
 class SzParams:
-    """What the quantizer kernels need: the mode, the bound, the absolute bound ``eb`` and the pw_rel ``shift``."""
+    """What the quantizer kernels need: the mode, the bound, the absolute bound ``eb``, the pw_rel ``shift``,
+    and the reconstruction (abs: the bin width ``step``; ``sub`` and ``base`` per sign, x > 0 then x < 0;
+    pw_rel: ``base`` holds the value of the dropped bits)."""
 
     mode: str
     bound: float
     eb: float
     shift: int
+    step: float = 0.0
+    sub: tuple[float, float] = (0.0, 0.0)
+    base: tuple[float, float] = (0.0, 0.0)
 
     @property
     def kernel_mode(self) -> int:
@@ -56,12 +78,73 @@ class SzParams:
 
     @property
     def inv(self) -> float:
-        """1 / (2 eb) in float64 (inf when eb is 0 or so small that it overflows): every nonzero becomes an outlier."""
-        return 1.0 / (2.0 * self.eb) if self.eb > 0 else math.inf
+        """1 / step in float64 (inf when eb is 0 or so small that it overflows): every nonzero becomes an outlier."""
+        return 1.0 / self.step if self.step > 0 else math.inf
+
+    @property
+    def reconstruction(self) -> tuple[float, float, float, float, float]:
+        """step, sub (x > 0, x < 0), base (x > 0, x < 0): the order of the kernels' arguments."""
+        return (self.step, *self.sub, *self.base)
 
     @classmethod
-    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor) -> SzParams:
-        """Parameters for ``tensor`` (rel: from :func:`hpcdl.compress.value_range`, on any device)."""
+    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor, stats: Stats) -> SzParams:
+        """Parameters for the flat ``tensor`` (rel: from :func:`hpcdl.compress.value_range`, on any device), with
+        the unbiased reconstruction from ``stats`` (a backend's sz_stats)."""
         if mode == "pw_rel":
-            return cls(mode, bound, 0.0, pw_rel_shift(tensor.dtype, bound))
-        return cls(mode, bound, bound if mode == "abs" else bound * value_range(tensor), 0)
+            shift = pw_rel_shift(tensor.dtype, bound)
+            half = (1 << shift) >> 1
+            trial = cls(mode, bound, 0.0, shift, base=(half, half))
+            return cls(mode, bound, 0.0, shift, base=_pw_rel_bases(trial, stats(tensor, trial), tensor.dtype))
+        eb = bound if mode == "abs" else bound * value_range(tensor)
+        if not eb > 0:
+            return cls(mode, bound, eb, 0)
+        sample = _sample(tensor)
+        for slack in SLACKS:
+            trial = cls(mode, bound, eb, 0, step=2.0 * eb * (1.0 - slack))
+            offsets = _mean_offsets(stats(sample, trial), eb)
+            if max(map(abs, offsets)) <= SLACK_MARGIN * slack * eb:
+                break
+        return trial.with_means(stats(tensor, trial))
+
+    def with_means(self, sums: Sequence[int]) -> SzParams:
+        """abs/rel parameters whose sub and base decode to the means the 8 sz_stats ``sums`` measured."""
+        eb, step, unit = self.eb, self.step, self.eb / 2**STAT_BITS
+        centre = eb + 0.5 * step
+        sub = tuple(min(max(s / n * unit, unit), eb) if n else 0.5 * eb for n, s in (sums[0:2], sums[2:4]))
+        offsets = _mean_offsets(sums, eb)
+        base = tuple(min(max(centre + offset, step), 2.0 * eb) for offset in offsets)
+        return SzParams(self.mode, self.bound, eb, 0, step, (sub[0], sub[1]), (base[0], base[1]))
+
+
+def _mean_offsets(sums: Sequence[int], eb: float) -> tuple[float, float]:
+    """Mean offset of the levels >= 2 from their bin centres, x > 0 and x < 0 (0 without such elements)."""
+    unit = eb / 2**STAT_BITS
+    return (sums[5] / sums[4] * unit if sums[4] else 0.0, sums[7] / sums[6] * unit if sums[6] else 0.0)
+
+
+def _pw_rel_bases(params: SzParams, sums: Sequence[int], dtype: torch.dtype) -> tuple[float, float]:
+    """The dropped bits' decoded value per sign: their mean, rounded, inside the range that keeps the bound."""
+    shift = params.shift
+    if shift == 0:
+        return (0.0, 0.0)
+    drop = max(shift - STAT_BITS, 0)
+    largest = min(math.floor(params.bound * 2 ** MANTISSA_BITS[compute_dtype(dtype)]), (1 << shift) - 1)
+    smallest = (1 << shift) - 1 - largest
+    half = (1 << shift) >> 1
+    bases = []
+    for n, s in (sums[4:6], sums[6:8]):
+        if not n or smallest > largest:
+            bases.append(float(half))
+            continue
+        mean = math.floor((s / n + 0.5) * 2**drop) if drop else math.floor(s / n + 0.5)
+        bases.append(float(min(max(mean, smallest), largest)))
+    return (bases[0], bases[1])
+
+
+def _sample(tensor: torch.Tensor) -> torch.Tensor:
+    """About SAMPLE_BLOCKS evenly spaced blocks of 32 of the flat tensor (the tensor itself when it is smaller)."""
+    blocks = tensor.numel() // 32
+    if blocks <= 2 * SAMPLE_BLOCKS:
+        return tensor
+    stride = blocks // SAMPLE_BLOCKS
+    return tensor[: blocks * 32].view(blocks, 32)[::stride].reshape(-1)

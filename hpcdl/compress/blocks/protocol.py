@@ -36,6 +36,11 @@ class BlockKernels(Protocol):
         bytes (the codec then stores the raw fallback)."""
         ...
 
+    def sz_stats(self, x: torch.Tensor, params: SzParams) -> tuple[int, ...]:
+        """The 8 integer sums of the flat float tensor ``x`` that :meth:`SzParams.with_means` turns into the
+        unbiased reconstruction (docs/format.md, section 5)."""
+        ...
+
     def sz_decode(self, headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
                   params: SzParams) -> torch.Tensor:
         """The decoded flat tensor (outliers still 0: the codec scatters them), after checking that the block

@@ -12,12 +12,12 @@ from __future__ import annotations
 import torch
 
 from hpcdl.compress.blocks import twopass
-from hpcdl.compress.blocks.params import KERNEL_MODE_PW_REL, MAX_Q, SzParams, compute_dtype
+from hpcdl.compress.blocks.params import KERNEL_MODE_PW_REL, MAX_Q, STAT_BITS, SzParams, compute_dtype
 from hpcdl.compress.blocks.protocol import BlockPayload
 from hpcdl.compress.blocks.stream import BLOCK, block_count
 
 __all__ = ["block_headers", "checksum", "decode_blocks", "pack", "sz_decode", "sz_encode", "sz_headers", "sz_pack",
-           "unpack"]
+           "sz_stats", "unpack"]
 
 PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO, PRED_SPARSE = 0, 1, 2, 3
 _CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
@@ -46,18 +46,45 @@ def _bit_width(u: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- quantizer
 
 
+def _by_sign(negative: torch.Tensor, pair: tuple[float, float], dtype: torch.dtype) -> torch.Tensor:
+    """pair[1] where ``negative``, else pair[0], each rounded once from float64 to ``dtype``."""
+    values = torch.tensor(pair, dtype=torch.float64).to(dtype).to(negative.device)
+    return torch.where(negative, values[1], values[0])
+
+
 def value_of(q: torch.Tensor, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
     """Decoded value of each code, in ``dtype`` (computed in float32, or float64 for float64)."""
     compute = compute_dtype(dtype)
     magnitude = q.to(torch.int64).abs()
+    negative = q < 0
     if params.kernel_mode == KERNEL_MODE_PW_REL:
-        half = (1 << params.shift) >> 1
-        bits = ((magnitude - 1).clamp(min=0) << params.shift) | half
+        low = torch.where(negative, int(params.base[1]), int(params.base[0]))
+        bits = ((magnitude - 1).clamp(min=0) << params.shift) | low
         value = bits.to(_INT_OF[compute]).view(compute)
     else:
-        value = _wrap32(2 * magnitude - 1).to(compute) * torch.tensor(params.eb, dtype=torch.float64).to(compute)
-    value = torch.where(q < 0, -value, value)
+        step = torch.tensor(params.step, dtype=torch.float64).to(compute)
+        binned = _wrap32(magnitude - 2).to(compute) * step + _by_sign(negative, params.base, compute)
+        value = torch.where(magnitude == 1, _by_sign(negative, params.sub, compute), binned)
+    value = torch.where(negative, -value, value)
     return torch.where(q == 0, torch.zeros_like(value), value).to(dtype)
+
+
+def _codes(xt: torch.Tensor, params: SzParams) -> torch.Tensor:
+    """Codes before verification (kernels/sz_block.cuh, hp_sz_code) of ``xt`` in its compute type, as int64:
+    0 for zero, NaN, +-Inf and levels past MAX_Q."""
+    compute = xt.dtype
+    magnitude = xt.abs()
+    if params.kernel_mode == KERNEL_MODE_PW_REL:
+        bits = magnitude.view(_INT_OF[compute]).to(torch.int64)
+        level = (bits >> params.shift) + 1
+        usable = (bits != 0) & torch.isfinite(magnitude) & (level <= MAX_Q)
+    else:
+        above = magnitude - torch.tensor(params.eb, dtype=torch.float64).to(compute)
+        scaled = torch.where(above > 0, above, 0) * torch.tensor(params.inv, dtype=torch.float64).to(compute)
+        usable = (magnitude > 0) & (scaled <= MAX_Q - 1)  # false for NaN and Inf
+        level = 1 + torch.ceil(torch.where(usable, scaled, torch.zeros_like(scaled))).to(torch.int64)
+    code = torch.where(xt < 0, -level, level)
+    return torch.where(usable, code, torch.zeros_like(code))
 
 
 def quantize(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,28 +94,51 @@ def quantize(x: torch.Tensor, params: SzParams) -> tuple[torch.Tensor, torch.Ten
     -0.0, when its code would pass MAX_Q, or when its decoded value in x's dtype
     breaks the bound, zero or sign (rounding at bin edges, underflow, overflow).
     """
-    compute = compute_dtype(x.dtype)
-    xt = x.to(compute)
+    xt = x.to(compute_dtype(x.dtype))
     xd = xt.to(torch.float64)
-    magnitude = xt.abs()
-    if params.kernel_mode == KERNEL_MODE_PW_REL:
-        level = (magnitude.view(_INT_OF[compute]).to(torch.int64) >> params.shift) + 1
-        usable = level <= MAX_Q
-        tolerance = params.bound * xd.abs()
-    else:
-        scaled = magnitude * torch.tensor(params.inv, dtype=torch.float64).to(compute)
-        usable = (scaled > 0) & (scaled <= MAX_Q)  # exactly when 1 <= ceil(scaled) <= MAX_Q
-        level = torch.ceil(torch.where(usable, scaled, torch.zeros_like(scaled))).to(torch.int64)
-        tolerance = torch.full_like(xd, params.eb)
-    finite, zero = torch.isfinite(xd), xd == 0
-    usable &= finite & ~zero
-    code = torch.where(xt < 0, -level, level)
-    code = torch.where(usable, code, torch.zeros_like(code))
+    code = _codes(xt, params)
+    tolerance = params.bound * xd.abs() if params.kernel_mode == KERNEL_MODE_PW_REL else torch.full_like(xd, params.eb)
+    zero = xd == 0
     yd = value_of(code, x.dtype, params).to(torch.float64)
     exact = ((xd - yd).abs() <= tolerance) & ((xd > 0) == (yd > 0)) & ((xd < 0) == (yd < 0))
-    good = usable & exact
+    good = (code != 0) & exact
     outlier = ~good & ~(zero & ~torch.signbit(xt))
     return torch.where(good, code, torch.zeros_like(code)).to(torch.int32), outlier.to(torch.uint8)
+
+
+def sz_stats(x: torch.Tensor, params: SzParams) -> tuple[int, ...]:
+    """The 8 integer sums the unbiased reconstruction is computed from (kernels/sz_block.cuh, hp_sz_stat_lanes): for
+    x > 0 then x < 0, abs: count and sum of |x| / unit of level 1, then count and sum of (|x| - bin centre) / unit
+    of the levels >= 2, unit = eb / 2^STAT_BITS; pw_rel: zeros, then count and sum of the dropped low bits (their
+    top STAT_BITS bits)."""
+    compute = compute_dtype(x.dtype)
+    xt = x.to(compute)
+    code = _codes(xt, params)
+    magnitude, negative = code.abs(), code < 0
+    if params.kernel_mode == KERNEL_MODE_PW_REL:
+        drop = max(params.shift - STAT_BITS, 0)
+        units = (xt.abs().view(_INT_OF[compute]).to(torch.int64) & ((1 << params.shift) - 1)) >> drop
+        binned = code != 0
+    else:
+        def cast(value: float) -> torch.Tensor:
+            return torch.tensor(value, dtype=torch.float64).to(compute)
+
+        scale = cast(float(1 << STAT_BITS) / params.eb)
+        centre = _wrap32(magnitude - 2).to(compute) * cast(params.step) + cast(params.eb + 0.5 * params.step)
+        offset = torch.where(magnitude == 1, xt.abs(), xt.abs() - centre) * scale
+        limit = float(2 << STAT_BITS)
+        offset = torch.where(offset < limit, offset, limit)
+        offset = torch.where(offset > -limit, offset, -limit)
+        units = offset.to(torch.int64)
+        binned = magnitude >= 2
+    sums = []
+    for level_group in (magnitude == 1, binned):
+        for side in (~negative, negative):
+            chosen = level_group & side & (code != 0)
+            sums += [int(chosen.sum()), int(torch.where(chosen, units, 0).sum())]
+    if params.kernel_mode == KERNEL_MODE_PW_REL:
+        sums[:4] = [0, 0, 0, 0]
+    return tuple(sums)
 
 
 # ---------------------------------------------------------------- blocks

@@ -16,6 +16,8 @@ old names of hpcdl.compress.blocks' modules, kept for one release.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hpcdl.compress.base import ERROR_BOUND_MODES, FLOAT_DTYPES, ErrorBound, Packed, check_mode
@@ -29,8 +31,13 @@ from hpcdl.compress.registry import register_codec
 
 __all__ = ["BACKENDS", "FIELDS", "Sz", "backend_module", "decode_with", "encode_with", "host", "reference"]
 
-# mode code, flags, block size, pw_rel shift, bound, eb, words, outliers (docs/format.md)
-FIELDS = "BBBBddQQ"
+# mode code, flags, block size, pw_rel shift, bound, eb, step, sub (x > 0, x < 0), base (x > 0, x < 0), words,
+# outliers (docs/format.md)
+FIELDS = "BBBBdddddddQQ"
+# Format 1 (fields BBBBddQQ) decoded level k to (2k - 1) eb, errors biased away from zero: its streams are refused
+# rather than decoded, since sz streams hold saved activations, which live for one training step.
+RETIRED_FIELDS = {36: "sz format 1 (before the unbiased reconstruction, docs/format.md section 5); re-encode the "
+                      "tensor with this hpcdl"}
 
 
 def encode_with(backend: str, tensor: torch.Tensor, mode: str, bound: float) -> Packed:
@@ -43,6 +50,15 @@ def decode_with(backend: str, packed: Packed) -> torch.Tensor:
     return Sz.decode_with(packed, backend)
 
 
+def _reconstruction_valid(mode: str, shift: int, step: float, sub: tuple[float, float],
+                          base: tuple[float, float]) -> bool:
+    """Whether a header's reconstruction fields can be what an encoder wrote: pw_rel's bases are integers below
+    2^shift (the kernels convert them to integers), abs and rel's values are finite and >= 0."""
+    if mode == "pw_rel":
+        return step == 0 and sub == (0.0, 0.0) and all(math.isfinite(b) and b == int(b) and 0 <= b < 1 << shift for b in base)
+    return all(math.isfinite(value) and value >= 0 for value in (step, *sub, *base))
+
+
 @register_codec
 class Sz(BlockCodec[SzParams]):
     """Error-bounded block codec: ``Sz(mode="rel", bound=1e-2)``; modes abs, rel, pw_rel."""
@@ -52,6 +68,7 @@ class Sz(BlockCodec[SzParams]):
     dtypes = FLOAT_DTYPES
     error_bounded = True
     fields = FIELDS
+    retired_fields = RETIRED_FIELDS
 
     def __init__(self, mode: str = "rel", bound: float = 1e-2):
         check_mode(self.codec_id, mode, self.modes)
@@ -60,23 +77,26 @@ class Sz(BlockCodec[SzParams]):
     def get_config(self) -> dict:
         return {"id": self.codec_id, "mode": self.error_bound.mode, "bound": self.error_bound.bound}
 
-    def _prepare(self, flat: torch.Tensor) -> SzParams:
-        return SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, flat)
+    def _prepare(self, kernels: BlockKernels, flat: torch.Tensor) -> SzParams:
+        return SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, flat, kernels.sz_stats)
 
     def _encode_blocks(self, kernels: BlockKernels, flat: torch.Tensor, state: SzParams,
                        raw_size: int) -> BlockPayload | None:
         return kernels.sz_encode(flat, state, raw_size)
 
     def _header_fields(self, state: SzParams, flags: int, n_words: int, n_outliers: int) -> tuple:
-        return MODE_CODES[state.mode], flags, BLOCK, state.shift, state.bound, state.eb, n_words, n_outliers
+        return (MODE_CODES[state.mode], flags, BLOCK, state.shift, state.bound, state.eb, *state.reconstruction,
+                n_words, n_outliers)
 
     @classmethod
     def _read_fields(cls, header: Header) -> tuple[StreamCounts, SzParams] | None:
-        mode_code, flags, block, shift, bound, eb, n_words, n_outliers = header.fields
+        mode_code, flags, block, shift, bound, eb, step, *rest = header.fields
+        sub, base, (n_words, n_outliers) = (rest[0], rest[1]), (rest[2], rest[3]), rest[4:]
         if (mode_code not in CODE_MODES or shift > MANTISSA_BITS[compute_dtype(header.dtype)] or not eb >= 0
-                or n_outliers > header.numel):
+                or n_outliers > header.numel or not _reconstruction_valid(CODE_MODES[mode_code], shift, step, sub, base)):
             return None
-        return StreamCounts(flags, block, n_words, n_outliers), SzParams(CODE_MODES[mode_code], bound, eb, shift)
+        params = SzParams(CODE_MODES[mode_code], bound, eb, shift, step, sub, base)
+        return StreamCounts(flags, block, n_words, n_outliers), params
 
     @classmethod
     def _decode_blocks(cls, kernels: BlockKernels, header: Header, state: SzParams, layout: Layout,
