@@ -1,0 +1,226 @@
+"""Arenas: many small saved tensors of one module, compressed together.
+
+A recurrent model saves hundreds of small tensors per forward (a 2-layer GRU over 50 steps: ~800 gates and
+hidden states of a few KiB each). One by one they are not worth a codec call (a stream header and per-call
+cost on a few KiB), so the session keeps such tensors as they are and the model escapes compression. An
+:class:`Arena` gathers them instead: each small floating tensor saved inside the model's forward is copied
+into the open arena of its (module, codec, dtype, device), and the arena is encoded as one flat tensor when it
+is *sealed*: when it is full (``budget`` bytes), when the model's forward ends, or when the session closes.
+
+Every member keeps the guarantee its codec gives a tensor on its own (:func:`member_codec`): lossless codecs
+and pointwise bounds (``abs``, ``pw_rel``) hold per element whatever else is in the arena; a ``rel`` bound,
+which is relative to one tensor's range, is turned into an ``abs`` bound of ``bound * 2**floor(log2(range))``,
+at most the member's own ``bound * range``, and members share an arena only with the same such bound (ranges
+within a factor of two), so a gate in (0, 1) never inherits the error allowed to a tensor ranging over
+hundreds.
+
+Lifetime. An open arena holds copies of its members (the originals are never referenced, so the forward code
+frees them as without hooks, and an in-place change after the save does not reach the arena, as with a tensor
+packed on its own). A sealed arena holds its packed bytes (or its raw bytes when encoding did not make them
+smaller) as long as any member's entry is alive, i.e. until autograd has dropped every handle on its members.
+Its decoded values are kept while some handle on a member has not yet been unpacked (:meth:`Arena.wait` /
+:meth:`Arena.done`), so backward decodes each arena once; after the last one they are freed. Every unpacked
+member is its own small copy, so nothing unpacked pins the arena.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from hpcdl.compress import Codec, Packed, value_range
+from hpcdl.runtime.stats import Row
+
+DEFAULT_ARENA_BYTES = 1 << 20  # an arena is sealed once its members reach this many bytes
+
+POINTWISE_MODES = ("abs", "pw_rel")  # error bounds that hold per element whatever the rest of the tensor is
+
+
+def member_codec(codec: Codec, source: torch.Tensor, codec_of: Callable[[dict], Codec]) -> Codec | None:
+    """The codec ``source`` is encoded with inside an arena so that it keeps ``codec``'s guarantee, or None.
+
+    None means the tensor cannot share an arena: a codec whose result depends on the whole tensor and has no
+    pointwise form (``quant``, ``cast``, a plugin that is neither lossless nor error-bounded), or a ``rel``
+    bound on a tensor without two distinct finite values (its bound is 0). ``codec_of`` builds a codec from a
+    config (the policy's cache).
+    """
+    if codec.lossless:
+        return codec
+    if not codec.error_bounded:
+        return None
+    config = codec.get_config()
+    mode = config.get("mode")
+    if mode in POINTWISE_MODES:
+        return codec
+    if mode != "rel" or "abs" not in codec.modes:
+        return None
+    spread = value_range(source)
+    if not 0.0 < spread < math.inf:
+        return None
+    _, exponent = math.frexp(spread)  # spread = m * 2**exponent with 0.5 <= m < 1, so 2**(exponent-1) <= spread
+    return codec_of({**config, "mode": "abs", "bound": math.ldexp(config["bound"], exponent - 1)})
+
+
+class Arena:
+    """Small saved tensors of one (module, codec, dtype, device), packed and encoded together.
+
+    Open: ``parts`` holds a flat copy of each member. Sealed: ``packed`` holds the encoded arena, or ``raw``
+    its flat values when encoding did not make them smaller (or the codec failed).
+    """
+
+    __slots__ = (
+        "codec", "module", "dtype", "itemsize", "device", "parts", "members", "numel", "raw", "packed", "decoded", "waiting",
+    )
+
+    def __init__(self, module: str, codec: Codec, dtype: torch.dtype, device: torch.device):
+        self.module, self.codec, self.dtype, self.device = module, codec, dtype, device
+        self.itemsize = torch.empty(0, dtype=dtype).element_size()
+        self.parts: list[torch.Tensor] | None = []
+        self.members: list[tuple[Row, int]] = []  # each member's stats row and elements, until the arena is sealed
+        self.numel = 0
+        self.raw: torch.Tensor | None = None
+        self.packed: Packed | None = None
+        self.decoded: torch.Tensor | None = None
+        self.waiting = 0  # handles on members that have not been unpacked yet
+
+    @property
+    def is_open(self) -> bool:
+        return self.parts is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this arena holds now: its members' copies while open, then its packed (or raw) bytes."""
+        if self.packed is not None:
+            return self.packed.nbytes
+        return self.numel * self.itemsize if self.parts is not None or self.raw is not None else 0
+
+    def add(self, source: torch.Tensor, row: Row) -> Slot:
+        """Copy ``source`` (contiguous; what a member's layout packs) in as a new member."""
+        part = source.detach().reshape(-1).clone()
+        slot = Slot(self, len(self.parts), self.numel, tuple(source.shape), row)
+        self.parts.append(part)
+        self.members.append((row, part.numel()))
+        self.numel += part.numel()
+        return slot
+
+    def seal(self, on_failure: Callable[[str, Codec, torch.Tensor, Exception], None]) -> None:
+        """Encode the members as one flat tensor and account each member's share of the packed bytes.
+
+        ``on_failure(module, codec, values, error)`` is told when the codec raises; the values are then kept raw.
+        """
+        if self.parts is None:
+            return
+        start = time.perf_counter()
+        values = torch.cat(self.parts) if len(self.parts) > 1 else self.parts[0]
+        self.parts = None
+        try:
+            packed = self.codec.encode(values)
+        except Exception as err:  # a codec bug or an input it cannot take must not break training
+            on_failure(self.module, self.codec, values, err)
+            for row, _ in self.members:
+                row.fallbacks += 1
+            packed = None
+        elapsed = time.perf_counter() - start
+        if packed is not None and packed.nbytes < self.numel * self.itemsize:
+            self.packed = packed
+        else:
+            self.raw = values
+        held = self.nbytes
+        shares = [held * numel // self.numel for _, numel in self.members]
+        shares[-1] += held - sum(shares)  # what rounding left goes to the last member, so the rows add up exactly
+        for (row, numel), share in zip(self.members, shares):
+            row.packed += share - numel * self.itemsize
+            row.encode_s += elapsed * numel / self.numel
+        self.members = []
+
+    def values(self, slot: Slot) -> torch.Tensor:
+        """A fresh copy of one member's values, in the shape it was added with."""
+        if self.parts is not None:
+            flat = self.parts[slot.index]
+        elif self.raw is not None:
+            flat = self.raw[slot.start : slot.stop]
+        else:
+            flat = self._decoded(slot.row)[slot.start : slot.stop]
+        return flat.clone().view(slot.shape)
+
+    def _decoded(self, row: Row) -> torch.Tensor:
+        decoded = self.decoded
+        if decoded is None:
+            start = time.perf_counter()
+            decoded = self.codec.decode(self.packed).reshape(-1)
+            row.decode_s += time.perf_counter() - start
+            if self.waiting > 0:  # more members will be unpacked: decode once for all of them
+                self.decoded = decoded
+        return decoded
+
+    def wait(self) -> None:
+        """A handle on a member was created: keep decoded values for it until :meth:`done`."""
+        self.waiting += 1
+
+    def done(self) -> None:
+        """A handle on a member was unpacked (the first time) or dropped unused."""
+        self.waiting -= 1
+        if self.waiting <= 0:
+            self.decoded = None
+
+    def release(self) -> None:
+        """Free everything the arena holds (the session's release)."""
+        self.parts = self.raw = self.packed = self.decoded = None
+        self.members = []
+
+
+class Slot:
+    """One member's place in its arena: elements [start, stop) of the flat arena, added in ``shape``."""
+
+    __slots__ = ("arena", "index", "start", "stop", "shape", "row")
+
+    def __init__(self, arena: Arena, index: int, start: int, shape: tuple[int, ...], row: Row):
+        self.arena, self.index, self.start, self.shape, self.row = arena, index, start, shape, row
+        self.stop = start + math.prod(shape)
+
+    @property
+    def nbytes(self) -> int:
+        """This member's share of what its arena holds now."""
+        arena = self.arena
+        return arena.nbytes * (self.stop - self.start) // arena.numel if arena.numel else 0
+
+    def values(self) -> torch.Tensor:
+        return self.arena.values(self)
+
+
+class Arenas:
+    """A session's open arenas, one per (module, codec, dtype, device); each sealed when full or by :meth:`seal_all`."""
+
+    def __init__(self, budget: int, on_failure: Callable[[str, Codec, torch.Tensor, Exception], None]):
+        self.budget = budget
+        self.on_failure = on_failure
+        self.open: dict[tuple, Arena] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget > 0
+
+    def add(self, module: str, codec: Codec, source: torch.Tensor, row: Row) -> Slot:
+        """Copy ``source`` into the open arena of its kind, sealing that arena first if ``source`` would overfill it."""
+        key = (module, id(codec), source.dtype, source.device)  # the arena holds the codec, so its id stays unique
+        arena = self.open.get(key)
+        if arena is not None and (arena.numel + source.numel()) * source.element_size() > self.budget:
+            arena.seal(self.on_failure)
+            arena = None
+        if arena is None:
+            arena = self.open[key] = Arena(module, codec, source.dtype, source.device)
+        return arena.add(source, row)
+
+    def seal_all(self) -> None:
+        """Seal every open arena (the model's forward ended, or the session closes)."""
+        arenas, self.open = self.open, {}
+        for arena in arenas.values():
+            arena.seal(self.on_failure)
+
+    def release(self) -> None:
+        for arena in self.open.values():
+            arena.release()
+        self.open = {}
