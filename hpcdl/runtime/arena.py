@@ -9,10 +9,10 @@ is *sealed*: when it is full (``budget`` bytes), when the model's forward ends, 
 
 Every member keeps the guarantee its codec gives a tensor on its own (:func:`member_codec`): lossless codecs
 and pointwise bounds (``abs``, ``pw_rel``) hold per element whatever else is in the arena; a ``rel`` bound,
-which is relative to one tensor's range, is turned into an ``abs`` bound of ``bound * 2**floor(log2(range))``,
-at most the member's own ``bound * range``, and members share an arena only with the same such bound (ranges
-within a factor of two), so a gate in (0, 1) never inherits the error allowed to a tensor ranging over
-hundreds.
+which is relative to one tensor's range, is turned into an ``abs`` bound of ``bound * 2**(k/4)`` for the
+largest integer k with ``2**(k/4) <= range``: at most the member's own ``bound * range`` and at least 0.84 of
+it. Members share an arena only with the same such bound (ranges within a factor of 2**(1/4)), so a gate in
+(0, 1) never inherits the error allowed to a tensor ranging over hundreds.
 
 Lifetime. An open arena holds copies of its members (the originals are never referenced, so the forward code
 frees them as without hooks, and an in-place change after the save does not reach the arena, as with a tensor
@@ -36,6 +36,7 @@ from hpcdl.runtime.stats import Row
 
 DEFAULT_ARENA_BYTES = 1 << 20  # an arena is sealed once its members reach this many bytes
 
+STEPS_PER_OCTAVE = 4  # rel members are grouped by range in steps of 2**(1/4)
 POINTWISE_MODES = ("abs", "pw_rel")  # error bounds that hold per element whatever the rest of the tensor is
 
 
@@ -60,8 +61,12 @@ def member_codec(codec: Codec, source: torch.Tensor, codec_of: Callable[[dict], 
     spread = value_range(source)
     if not 0.0 < spread < math.inf:
         return None
-    _, exponent = math.frexp(spread)  # spread = m * 2**exponent with 0.5 <= m < 1, so 2**(exponent-1) <= spread
-    return codec_of({**config, "mode": "abs", "bound": math.ldexp(config["bound"], exponent - 1)})
+    step = math.floor(math.log2(spread) * STEPS_PER_OCTAVE)  # log2 may round either way by an ulp: settle it
+    while 2.0 ** (step / STEPS_PER_OCTAVE) > spread:
+        step -= 1
+    while 2.0 ** ((step + 1) / STEPS_PER_OCTAVE) <= spread:
+        step += 1
+    return codec_of({**config, "mode": "abs", "bound": config["bound"] * 2.0 ** (step / STEPS_PER_OCTAVE)})
 
 
 class Arena:
@@ -72,7 +77,8 @@ class Arena:
     """
 
     __slots__ = (
-        "codec", "module", "dtype", "itemsize", "device", "parts", "members", "numel", "raw", "packed", "decoded", "waiting",
+        "codec", "module", "dtype", "itemsize", "device", "parts", "members", "shares", "numel", "raw", "packed",
+        "decoded", "waiting", "__weakref__",
     )
 
     def __init__(self, module: str, codec: Codec, dtype: torch.dtype, device: torch.device):
@@ -80,15 +86,12 @@ class Arena:
         self.itemsize = torch.empty(0, dtype=dtype).element_size()
         self.parts: list[torch.Tensor] | None = []
         self.members: list[tuple[Row, int]] = []  # each member's stats row and elements, until the arena is sealed
+        self.shares: list[int] = []  # once sealed, each member's share of the bytes the arena holds
         self.numel = 0
         self.raw: torch.Tensor | None = None
         self.packed: Packed | None = None
         self.decoded: torch.Tensor | None = None
         self.waiting = 0  # handles on members that have not been unpacked yet
-
-    @property
-    def is_open(self) -> bool:
-        return self.parts is not None
 
     @property
     def nbytes(self) -> int:
@@ -98,7 +101,8 @@ class Arena:
         return self.numel * self.itemsize if self.parts is not None or self.raw is not None else 0
 
     def add(self, source: torch.Tensor, row: Row) -> Slot:
-        """Copy ``source`` (contiguous; what a member's layout packs) in as a new member."""
+        """Copy ``source`` (contiguous; what a member's layout packs) in as a new member of this open arena."""
+        assert self.parts is not None, "members join open arenas only (Arenas.add seals and replaces full ones)"
         part = source.detach().reshape(-1).clone()
         slot = Slot(self, len(self.parts), self.numel, tuple(source.shape), row)
         self.parts.append(part)
@@ -134,7 +138,13 @@ class Arena:
         for (row, numel), share in zip(self.members, shares):
             row.packed += share - numel * self.itemsize
             row.encode_s += elapsed * numel / self.numel
-        self.members = []
+        self.members, self.shares = [], shares
+
+    def share(self, slot: Slot) -> int:
+        """The bytes held for one member: its copy while open, its share of the packed (or raw) arena once sealed."""
+        if self.parts is not None:
+            return (slot.stop - slot.start) * self.itemsize
+        return self.shares[slot.index] if self.shares else 0
 
     def values(self, slot: Slot) -> torch.Tensor:
         """A fresh copy of one member's values, in the shape it was added with."""
@@ -149,6 +159,7 @@ class Arena:
     def _decoded(self, row: Row) -> torch.Tensor:
         decoded = self.decoded
         if decoded is None:
+            assert self.packed is not None  # an arena is decoded only when it was encoded
             start = time.perf_counter()
             decoded = self.codec.decode(self.packed).reshape(-1)
             row.decode_s += time.perf_counter() - start
@@ -169,7 +180,7 @@ class Arena:
     def release(self) -> None:
         """Free everything the arena holds (the session's release)."""
         self.parts = self.raw = self.packed = self.decoded = None
-        self.members = []
+        self.members, self.shares = [], []
 
 
 class Slot:
@@ -184,8 +195,7 @@ class Slot:
     @property
     def nbytes(self) -> int:
         """This member's share of what its arena holds now."""
-        arena = self.arena
-        return arena.nbytes * (self.stop - self.start) // arena.numel if arena.numel else 0
+        return self.arena.share(self)
 
     def values(self) -> torch.Tensor:
         return self.arena.values(self)

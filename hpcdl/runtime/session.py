@@ -217,7 +217,7 @@ class Session:
         self.verify = verify
         self.stats = Stats()
         self._arenas = Arenas(arena_bytes, self._fall_back)
-        self._seal_hook = None
+        self._seal_hook: torch.utils.hooks.RemovableHandle | None = None
         self._entries: weakref.WeakSet[_Entry] = weakref.WeakSet()
         self._by_storage: dict[tuple, list[weakref.ref]] = {}
         self._modules: ModuleTracker | None = None
