@@ -5,7 +5,8 @@ hidden states of a few KiB each). One by one they are not worth a codec call (a 
 cost on a few KiB), so the session keeps such tensors as they are and the model escapes compression. An
 :class:`Arena` gathers them instead: each small floating tensor saved inside the model's forward is copied
 into the open arena of its (module, codec, dtype, device), and the arena is encoded as one flat tensor when it
-is *sealed*: when it is full (``budget`` bytes), when the model's forward ends, or when the session closes.
+is *sealed*: when the open arenas together pass a byte budget (the largest is sealed), when the model's forward
+ends, or when the session closes.
 
 Every member keeps the guarantee its codec gives a tensor on its own (:func:`member_codec`): lossless codecs
 and pointwise bounds (``abs``, ``pw_rel``) hold per element whatever else is in the arena; a ``rel`` bound,
@@ -34,7 +35,7 @@ import torch
 from hpcdl.compress import Codec, Packed, value_range
 from hpcdl.runtime.stats import Row
 
-DEFAULT_ARENA_BYTES = 1 << 20  # an arena is sealed once its members reach this many bytes
+DEFAULT_ARENA_BYTES = 1 << 20  # the most bytes open (not yet encoded) arenas hold together
 
 STEPS_PER_OCTAVE = 4  # rel members are grouped by range in steps of 2**(1/4)
 POINTWISE_MODES = ("abs", "pw_rel")  # error bounds that hold per element whatever the rest of the tensor is
@@ -202,35 +203,47 @@ class Slot:
 
 
 class Arenas:
-    """A session's open arenas, one per (module, codec, dtype, device); each sealed when full or by :meth:`seal_all`."""
+    """A session's open arenas, one per (module, codec, dtype, device).
+
+    ``budget`` bounds the bytes all open arenas hold together (uncompressed copies): before a member that
+    would take them over it is added, the largest open arena is sealed, as often as needed. So the copies a
+    session holds unsealed never exceed ``budget`` (or one member, if that is larger) however many kinds of
+    arena are open, and no arena grows past it.
+    :meth:`seal_all` seals the rest (the model's forward ended, or the session closes).
+    """
 
     def __init__(self, budget: int, on_failure: Callable[[str, Codec, torch.Tensor, Exception], None]):
         self.budget = budget
         self.on_failure = on_failure
         self.open: dict[tuple, Arena] = {}
+        self.open_bytes = 0
 
     @property
     def enabled(self) -> bool:
         return self.budget > 0
 
     def add(self, module: str, codec: Codec, source: torch.Tensor, row: Row) -> Slot:
-        """Copy ``source`` into the open arena of its kind, sealing that arena first if ``source`` would overfill it."""
+        """Copy ``source`` into the open arena of its kind, first sealing the largest open arenas it would overfill."""
+        nbytes = source.numel() * source.element_size()
+        while self.open and self.open_bytes + nbytes > self.budget:
+            full, largest = max(self.open.items(), key=lambda item: item[1].numel * item[1].itemsize)
+            del self.open[full]
+            self.open_bytes -= largest.numel * largest.itemsize
+            largest.seal(self.on_failure)
         key = (module, id(codec), source.dtype, source.device)  # the arena holds the codec, so its id stays unique
         arena = self.open.get(key)
-        if arena is not None and (arena.numel + source.numel()) * source.element_size() > self.budget:
-            arena.seal(self.on_failure)
-            arena = None
         if arena is None:
             arena = self.open[key] = Arena(module, codec, source.dtype, source.device)
+        self.open_bytes += nbytes
         return arena.add(source, row)
 
     def seal_all(self) -> None:
         """Seal every open arena (the model's forward ended, or the session closes)."""
-        arenas, self.open = self.open, {}
+        arenas, self.open, self.open_bytes = self.open, {}, 0
         for arena in arenas.values():
             arena.seal(self.on_failure)
 
     def release(self) -> None:
         for arena in self.open.values():
             arena.release()
-        self.open = {}
+        self.open, self.open_bytes = {}, 0
