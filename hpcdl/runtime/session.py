@@ -12,7 +12,8 @@ Pack (during forward), for each saved tensor:
   the next conv saves again, a transposed view) is shared, not packed again;
 * a small floating tensor saved inside the model's forward is copied into its
   module's arena (:mod:`hpcdl.runtime.arena`), which is encoded as a whole
-  when it is full, when the model's forward ends or when the session closes;
+  when the open arenas pass ``arena_bytes``, when the model's forward ends or
+  when the session closes;
 * otherwise the policy picks a codec by kind (bool -> ``bitmask``, integer ->
   ``int``, floating -> the policy's codec) and what the view's :class:`Layout`
   packs (its storage span, or its distinct elements) is encoded at once.
@@ -404,8 +405,9 @@ def compressed(
     ``policy`` is a :class:`Policy`, a method spec (``"sz:rel=1e-2"``), a codec
     config dict (used for every floating tensor), or None (nothing compressed,
     stats only). Floating tensors under ``threshold`` bytes saved inside the
-    model's forward are compressed together in arenas of up to ``arena_bytes``
-    (0: no arenas); other tensors under ``threshold`` bytes are kept as they are.
+    model's forward are compressed together in arenas; ``arena_bytes`` is the
+    most their open (not yet encoded) arenas hold at once (0: no arenas). Other
+    tensors under ``threshold`` bytes are kept as they are.
     ``verify=True`` keeps each original and checks every decompressed tensor
     against it by its codec's guarantee (a test mode: it costs the memory the
     session otherwise saves).
@@ -419,7 +421,7 @@ def compressed(
         raise ValueError(f"threshold is a size in bytes >= 0 (default {DEFAULT_THRESHOLD}), got {threshold!r}")
     if isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes < 0:
         raise ValueError(
-            f"arena_bytes is the size in bytes at which an arena of small saved tensors is sealed, >= 0 "
+            f"arena_bytes is the most bytes of small saved tensors held before an arena is encoded, >= 0 "
             f"(default {DEFAULT_ARENA_BYTES}; 0 keeps small tensors as they are), got {arena_bytes!r}"
         )
     return Session(model, policy, threshold, bool(verify), arena_bytes)
