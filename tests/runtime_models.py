@@ -105,6 +105,56 @@ def wide_cnn_batch(batch_size: int, generator: torch.Generator, size: int = 64):
     return x, torch.randint(0, 4, (batch_size,), generator=generator)
 
 
+class RecurrentTagger(nn.Module):
+    """Tags every token: embedding, a 2-layer GRU (or LSTM), a linear head per step; logits (batch, tags, steps).
+
+    On the CPU a GRU's recurrence saves its gates and hidden states step by step: over 50 steps ~800 tensors
+    of batch x hidden floats (16 KiB at 32 x 128), each under the session's 64 KiB threshold.
+    """
+
+    def __init__(self, cell: str = "gru", vocab: int = 1000, embedding: int = 64, hidden: int = 128, tags: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embedding)
+        self.rnn = {"gru": nn.GRU, "lstm": nn.LSTM}[cell](embedding, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, tags)
+
+    def forward(self, tokens):
+        out, _ = self.rnn(self.embed(tokens))
+        return self.head(out).transpose(1, 2)
+
+
+class LSTMCellTagger(nn.Module):
+    """The same tagger written as a loop over two ``LSTMCell`` s, as per-token models are: small saves every step."""
+
+    def __init__(self, vocab: int = 1000, embedding: int = 64, hidden: int = 128, tags: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embedding)
+        self.cells = nn.ModuleList([nn.LSTMCell(embedding, hidden), nn.LSTMCell(hidden, hidden)])
+        self.head = nn.Linear(hidden, tags)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        states: list = [None, None]
+        outputs = []
+        for step in range(x.shape[1]):
+            h = x[:, step]
+            for i, cell in enumerate(self.cells):
+                states[i] = cell(h, states[i])
+                h = states[i][0]
+            outputs.append(self.head(h))
+        return torch.stack(outputs, dim=2)
+
+
+def recurrent_tagger(**options) -> nn.Module:
+    return RecurrentTagger(**options)
+
+
+def tagger_batch(batch_size: int, generator: torch.Generator, steps: int = 50, vocab: int = 1000, tags: int = 10):
+    """Random token ids and per-token tags."""
+    tokens = torch.randint(0, vocab, (batch_size, steps), generator=generator)
+    return tokens, torch.randint(0, tags, (batch_size, steps), generator=generator)
+
+
 def allocating_setup(mebibytes: int):
     """A setup for hpcdl.memory.peak whose step allocates ``mebibytes`` MiB, touches it, and frees it."""
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
+from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES
 from hpcdl.runtime.policy import Policy, as_policy
 from hpcdl.runtime.session import DEFAULT_THRESHOLD, compressed
 from hpcdl.runtime.stats import Stats
@@ -99,12 +100,15 @@ class Plain(ActivationMethod):
 class Codec(ActivationMethod):
     """``codec``: compress what autograd saves with ``policy`` (a Policy, method spec or codec config).
 
-    Tensors under ``threshold`` bytes stay raw; ``verify`` checks each decompressed tensor (a test mode).
+    Tensors under ``threshold`` bytes stay raw, except floating ones saved inside the model's forward, which are
+    compressed together in arenas of ``arena_bytes`` (0: none); ``verify`` checks each decompressed tensor (a
+    test mode).
     """
 
     policy: Policy | str | dict
     threshold: int = DEFAULT_THRESHOLD
     verify: bool = False
+    arena_bytes: int = DEFAULT_ARENA_BYTES
 
     name = "codec"
     hooks_saved_tensors = True
@@ -116,7 +120,9 @@ class Codec(ActivationMethod):
 
     @contextlib.contextmanager
     def context(self, model: torch.nn.Module) -> Iterator[Stats]:
-        with compressed(model, self.policy, threshold=self.threshold, verify=self.verify) as session:
+        with compressed(
+            model, self.policy, threshold=self.threshold, verify=self.verify, arena_bytes=self.arena_bytes
+        ) as session:
             yield session.stats
 
     def wants_gradients(self) -> bool:

@@ -68,7 +68,8 @@ class Controller(ABC):
     """Chooses the codec of each saved floating tensor; implement this for an adaptive policy.
 
     ``choose`` runs inside autograd's pack hook, once per saved floating tensor
-    above the session's size threshold, so keep it cheap.
+    above the session's size threshold and once per smaller one saved inside the
+    model's forward (those join the session's arenas), so keep it cheap.
 
     Gradient statistics cost a pass over every gradient and a copy to the host,
     so they are read only for a controller that asks: when ``wants_gradients(step)``

@@ -10,6 +10,10 @@ Pack (during forward), for each saved tensor:
   tensors and dtypes no codec takes;
 * a storage span that is already packed at the same version (a ReLU output
   the next conv saves again, a transposed view) is shared, not packed again;
+* a small floating tensor saved inside the model's forward is copied into its
+  module's arena (:mod:`hpcdl.runtime.arena`), which is encoded as a whole
+  when the open arenas pass ``arena_bytes``, when the model's forward ends or
+  when the session closes;
 * otherwise the policy picks a codec by kind (bool -> ``bitmask``, integer ->
   ``int``, floating -> the policy's codec) and what the view's :class:`Layout`
   packs (its storage span, or its distinct elements) is encoded at once.
@@ -40,8 +44,9 @@ import torch
 
 from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.errors import HpcdlRunError
+from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES, Arenas, Slot, member_codec
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
-from hpcdl.runtime.observe import ModuleTracker
+from hpcdl.runtime.observe import OUTSIDE, ModuleTracker
 from hpcdl.runtime.policy import Policy, as_policy
 from hpcdl.runtime.stats import Row, Stats
 
@@ -67,11 +72,12 @@ class _Entry:
 
     ``kept`` is the original tensor when nothing was encoded (no codec, or the
     codec failed); ``copy`` is an uncompressed copy of what the layout packs (a
-    small view of a large storage); otherwise ``packed`` holds the encoded data.
+    small view of a large storage); ``slot`` is its place in an arena (a small
+    tensor compressed with others); otherwise ``packed`` holds the encoded data.
     """
 
     __slots__ = (
-        "codec", "packed", "kept", "copy", "original", "layout", "storage", "dtype", "device",
+        "codec", "packed", "kept", "copy", "slot", "original", "layout", "storage", "dtype", "device",
         "row", "stats", "decoded", "decoded_layout", "released", "__weakref__",
     )
 
@@ -84,6 +90,7 @@ class _Entry:
         self.packed: Packed | None = None
         self.kept: torch.Tensor | None = None
         self.copy: torch.Tensor | None = None
+        self.slot: Slot | None = None
         self.original: torch.Tensor | None = None
         self.decoded = None  # weak reference to the storage of the last decoded span
         self.decoded_layout = None
@@ -102,6 +109,8 @@ class _Entry:
             return self.packed.nbytes
         if self.copy is not None:
             return self.copy.numel() * self.copy.element_size()
+        if self.slot is not None:
+            return self.slot.nbytes
         return self.layout.numel * self.kept.element_size() if self.kept is not None else 0
 
     def restore(self, footprint: Footprint) -> torch.Tensor:
@@ -112,7 +121,13 @@ class _Entry:
             )
         if self.kept is not None:
             return torch.as_strided(self.kept, footprint.size, footprint.stride, footprint.offset)
-        base = self.copy if self.copy is not None else self._decoded_base()
+        if self.slot is not None:
+            base = self.slot.values()
+            if self.original is not None:
+                _verify(self.codec, self.original, base)
+                self.stats.verified += 1
+        else:
+            base = self.copy if self.copy is not None else self._decoded_base()
         return self.layout.rebuild(base, footprint)
 
     def _decoded_base(self) -> torch.Tensor:
@@ -137,7 +152,9 @@ class _Entry:
         return base
 
     def release(self) -> None:
-        self.packed = self.kept = self.copy = self.original = self.decoded = None
+        if self.slot is not None:
+            self.slot.arena.release()
+        self.packed = self.kept = self.copy = self.slot = self.original = self.decoded = None
         self.released = True
 
 
@@ -148,6 +165,37 @@ class _SavedRef:
 
     def __init__(self, entry: _Entry, footprint: Footprint):
         self.entry, self.footprint = entry, footprint
+
+    def unpack(self) -> torch.Tensor:
+        return self.entry.restore(self.footprint)
+
+
+class _MemberRef(_SavedRef):
+    """A handle on an arena member: its arena keeps decoded values until every such handle is unpacked or dropped."""
+
+    __slots__ = ("arena",)
+
+    def __init__(self, entry: _Entry, footprint: Footprint):
+        super().__init__(entry, footprint)
+        self.arena = entry.slot.arena  # until this handle is first unpacked
+        self.arena.wait()
+
+    def unpack(self) -> torch.Tensor:
+        tensor = self.entry.restore(self.footprint)
+        self._done()
+        return tensor
+
+    def _done(self) -> None:
+        if self.arena is not None:
+            self.arena.done()
+            self.arena = None
+
+    def __del__(self):
+        self._done()
+
+
+def _ref(entry: _Entry, footprint: Footprint) -> _SavedRef:
+    return _MemberRef(entry, footprint) if entry.slot is not None else _SavedRef(entry, footprint)
 
 
 def _verify(codec: Codec, original: torch.Tensor, restored: torch.Tensor) -> None:
@@ -169,12 +217,14 @@ def _verify(codec: Codec, original: torch.Tensor, restored: torch.Tensor) -> Non
 class Session:
     """One compressed forward (and the backward that follows); create it with :func:`compressed`."""
 
-    def __init__(self, model: torch.nn.Module, policy: Policy | None, threshold: int, verify: bool):
+    def __init__(self, model: torch.nn.Module, policy: Policy | None, threshold: int, verify: bool, arena_bytes: int):
         self.model = model
         self.policy = policy
         self.threshold = threshold
         self.verify = verify
         self.stats = Stats()
+        self._arenas = Arenas(arena_bytes, self._fall_back)
+        self._seal_hook: torch.utils.hooks.RemovableHandle | None = None
         self._entries: weakref.WeakSet[_Entry] = weakref.WeakSet()
         self._by_storage: dict[tuple, list[weakref.ref]] = {}
         self._modules: ModuleTracker | None = None
@@ -197,6 +247,7 @@ class Session:
             self._watch = self.policy.watch(self.model, self.threshold)
         self._watch.__enter__()
         self._modules = ModuleTracker(self.model).__enter__()
+        self._seal_hook = self.model.register_forward_hook(lambda *_: self._arenas.seal_all(), always_call=True)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         _active.session = self
@@ -207,6 +258,8 @@ class Session:
         _active.session = None
         self._hooks.__exit__(*exc)
         self._modules.__exit__(*exc)
+        self._seal_hook.remove()
+        self._arenas.seal_all()
         self._watch.__exit__(*exc)
         self._by_storage.clear()
         self._state = "closed"
@@ -226,6 +279,7 @@ class Session:
 
     def release(self) -> None:
         """Free every packed tensor now; a backward that still needs one then raises :class:`ReleasedError`."""
+        self._arenas.release()
         for entry in list(self._entries):
             entry.release()
 
@@ -247,10 +301,15 @@ class Session:
         shared = self._find_shared(key, tensor, footprint)
         if shared is not None:
             row.shared += 1
-            return _SavedRef(shared, footprint)
+            return _ref(shared, footprint)
         layout = Layout.of(footprint)
         nbytes = layout.numel * tensor.element_size()
         if nbytes < self.threshold:
+            entry = self._arena_entry(tensor, layout, module, kind, row)
+            if entry is not None:
+                self._entries.add(entry)
+                self._by_storage.setdefault(key, []).append(weakref.ref(entry))
+                return _MemberRef(entry, footprint)
             row.kept += 1
             row.original += nbytes
             row.packed += nbytes
@@ -272,6 +331,32 @@ class Session:
             if entry is not None and entry.shares(tensor, footprint):
                 return entry
         return None
+
+    def _arena_entry(self, tensor: torch.Tensor, layout: Layout, module: str, kind: str, row: Row) -> _Entry | None:
+        """Copy a small floating tensor into its module's arena; None keeps it as it is.
+
+        Only activations saved inside the model's forward join arenas: masks and indices stay exact as they are,
+        and the loss's small tensors (``(outside)``: log-probabilities, see docs/runtime.md) stay uncompressed.
+        """
+        if not self._arenas.enabled or self.policy is None or kind != "activation" or module == OUTSIDE:
+            return None
+        codec = self.policy.codec_for(self.policy.info(module, kind, tensor))
+        if codec is None:
+            return None
+        source = layout.source(tensor)
+        arena_codec = member_codec(codec, source, self.policy.codec)
+        if arena_codec is None or tensor.dtype not in arena_codec.dtypes:
+            return None
+        entry = _Entry(tensor, layout, row, self.stats)
+        entry.codec = codec
+        entry.slot = self._arenas.add(module, arena_codec, source, row)
+        nbytes = layout.numel * tensor.element_size()
+        row.arena += 1
+        row.original += nbytes
+        row.packed += nbytes  # until the arena is sealed, then this member's share of its packed bytes
+        if self.verify:
+            entry.original = source.detach().clone(memory_format=torch.contiguous_format)
+        return entry
 
     def _new_entry(self, tensor: torch.Tensor, layout: Layout, module: str, kind: str, row: Row) -> _Entry:
         entry = _Entry(tensor, layout, row, self.stats)
@@ -315,7 +400,7 @@ class Session:
 
     def _unpack(self, saved):
         if isinstance(saved, _SavedRef):
-            return saved.entry.restore(saved.footprint)
+            return saved.unpack()
         return saved
 
 
@@ -334,12 +419,16 @@ def compressed(
     *,
     threshold: int = DEFAULT_THRESHOLD,
     verify: bool = False,
+    arena_bytes: int = DEFAULT_ARENA_BYTES,
 ) -> Session:
     """Compress everything autograd saves while ``model``'s forward runs inside the returned context.
 
     ``policy`` is a :class:`Policy`, a method spec (``"sz:rel=1e-2"``), a codec
     config dict (used for every floating tensor), or None (nothing compressed,
-    stats only). Tensors under ``threshold`` bytes are kept as they are.
+    stats only). Floating tensors under ``threshold`` bytes saved inside the
+    model's forward are compressed together in arenas; ``arena_bytes`` is the
+    most their open (not yet encoded) arenas hold at once (0: no arenas). Other
+    tensors under ``threshold`` bytes are kept as they are.
     ``verify=True`` keeps each original and checks every decompressed tensor
     against it by its codec's guarantee (a test mode: it costs the memory the
     session otherwise saves).
@@ -351,4 +440,9 @@ def compressed(
     policy = as_policy(policy)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
         raise ValueError(f"threshold is a size in bytes >= 0 (default {DEFAULT_THRESHOLD}), got {threshold!r}")
-    return Session(model, policy, threshold, bool(verify))
+    if isinstance(arena_bytes, bool) or not isinstance(arena_bytes, int) or arena_bytes < 0:
+        raise ValueError(
+            f"arena_bytes is the most bytes of small saved tensors held before an arena is encoded, >= 0 "
+            f"(default {DEFAULT_ARENA_BYTES}; 0 keeps small tensors as they are), got {arena_bytes!r}"
+        )
+    return Session(model, policy, threshold, bool(verify), arena_bytes)

@@ -2,8 +2,9 @@
 
 ``original`` counts the bytes autograd would have held: each distinct storage
 span once, however many times it was saved (repeats are counted as
-``shared``). ``packed`` counts what the session holds instead: packed bytes,
-or the original bytes of tensors kept as they are (under the size threshold,
+``shared``). ``packed`` counts what the session holds instead: packed bytes
+(for small tensors compressed together in an arena, counted in ``arena``,
+their share of the arena's packed bytes), or the original bytes of tensors kept as they are (under the size threshold,
 or after a codec failure). Parameters and buffers are only counted (kind
 ``parameter``): they are alive anyway and never part of the ratio.
 """
@@ -23,6 +24,7 @@ class Row:
     count: int = 0
     shared: int = 0
     kept: int = 0
+    arena: int = 0
     fallbacks: int = 0
     original: int = 0
     packed: int = 0
@@ -100,11 +102,11 @@ class Stats:
 
     def table(self) -> str:
         """A text table: one line per module and kind, then the total."""
-        header = ("module", "kind", "count", "shared", "kept", "fallbk", "original", "packed", "ratio", "enc s", "dec s")
+        header = ("module", "kind", "count", "shared", "kept", "arena", "fallbk", "original", "packed", "ratio", "enc s", "dec s")
         lines = [(module, kind, row) for (module, kind), row in sorted(self.rows.items())]
         lines.append(("total", "", self.total()))
         cells = [header] + [
-            (module, kind, str(row.count), str(row.shared), str(row.kept), str(row.fallbacks),
+            (module, kind, str(row.count), str(row.shared), str(row.kept), str(row.arena), str(row.fallbacks),
              human_bytes(row.original), human_bytes(row.packed), f"{row.ratio:.2f}", f"{row.encode_s:.4f}", f"{row.decode_s:.4f}")
             for module, kind, row in lines
         ]
