@@ -84,7 +84,9 @@ def test_reproductions_keep_the_gradient_where_a_static_bound_bends_it(case):
     _gradients(model, x, loss_fn, policy)  # step 0: the probe
     assert policy.controller.probes == 1
     adaptive = _cosine(_gradients(model, x, loss_fn, policy), exact)
-    assert static < 0.9, static
+    # The line is 0.99. Unbiased sz (format 2) already lifted the static cosine (batchnorm 0.13 -> 0.96),
+    # but a range-relative bound still falls short where adaptive bounds do not.
+    assert static < 0.99, static
     assert adaptive >= 0.99, adaptive
     assert all(slot.bound > 0 for slot in policy.controller.slots.values())  # compressed, not kept
 
