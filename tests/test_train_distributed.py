@@ -6,7 +6,10 @@ gradients, so parameters after N steps match the single-process run: to float
 rounding without compression, and within the codec's error with sz (sz's
 relative bound is per saved tensor, and each rank's tensors hold half the
 batch, so the two runs compress slightly different tensors). SGD keeps the
-comparison linear in the gradient error.
+comparison linear in the gradient error. sz runs at rel 1e-3 here: at 1e-2 the
+tiny transformer's gradients already differ from the exact ones by about 10%
+in one step (every saved tensor is compressed, the small ones in arenas), which
+would hide a wrong reduction behind the codec's own error.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ COMMON = ["data.dataset=synthetic", "data.synthetic_samples=64", "model.scale=ti
           "optimizer.momentum=0.9", "optimizer.warmup_steps=0", "logging.progress=false"]
 METHODS = {
     "none": (["compression.method=none"], 1e-4),
-    "sz": (["compression.method=codec", "compression.codec={id: sz, mode: rel, bound: 1.0e-2}"], 0.05),
+    "sz": (["compression.method=codec", "compression.codec={id: sz, mode: rel, bound: 1.0e-3}"], 0.05),
 }
 
 
