@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from ctypes import c_char_p, c_double, c_int, c_longlong, c_ulonglong, c_void_p
 from pathlib import Path
 
 import torch
 
+from hpcdl.compress.blocks import twopass
 from hpcdl.compress.blocks.params import SzParams
 from hpcdl.compress.blocks.protocol import BlockPayload
 from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count, index_dtype
@@ -183,7 +185,15 @@ def _check(status: int) -> int:
     return status
 
 
-def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload | None:
+MEASURES_RANGE = False
+
+
+def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[SzParams, BlockPayload | None]:
+    """BlockKernels.sz_encode: :func:`encode_payload` with the params it was given."""
+    return params, encode_payload(x, params, raw_size)
+
+
+def encode_payload(x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload | None:
     """The whole sz payload of flat ``x`` in one pass over it: (data, words, outliers, checksum), or None when the
     stream would be larger than ``raw_size`` bytes. The same bytes as the two passes of the reference and the GPU
     (block headers and outlier counts, prefix sums, then words and outliers)."""
@@ -238,8 +248,13 @@ def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, nu
     return q
 
 
-def sz_decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
-              params: SzParams) -> torch.Tensor:
+def sz_decode(data: torch.Tensor, layout: Layout, checksum: int, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
+    """BlockKernels.sz_decode: the checksum and outlier index checks, :func:`decode_blocks`, the outliers."""
+    return twopass.sz_decode_checked(sys.modules[__name__], decode_blocks, data, layout, checksum, dtype, params)
+
+
+def decode_blocks(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
+                  params: SzParams) -> torch.Tensor:
     """Decoded flat tensor (outliers still 0), after checking that the block headers have at most 32 words each
     and ``n_words`` in all (CodecError if not): the validation, prefix sum and unpacking in one call."""
     _use_torch_threads()

@@ -60,8 +60,11 @@ class SzParams:
         return 1.0 / (2.0 * self.eb) if self.eb > 0 else math.inf
 
     @classmethod
-    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor) -> SzParams:
-        """Parameters for ``tensor`` (rel: from :func:`hpcdl.compress.value_range`, on any device)."""
+    def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor, measure_range: bool = True) -> SzParams:
+        """Parameters for ``tensor`` (rel: from :func:`hpcdl.compress.value_range`, on any device; with
+        ``measure_range`` False, eb is left NaN for a backend that measures the range itself)."""
         if mode == "pw_rel":
             return cls(mode, bound, 0.0, pw_rel_shift(tensor.dtype, bound))
+        if mode == "rel" and not measure_range:
+            return cls(mode, bound, math.nan, 0)
         return cls(mode, bound, bound if mode == "abs" else bound * value_range(tensor), 0)

@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from hpcdl.compress.blocks.params import SzParams
+from hpcdl.compress.blocks.stream import Layout
 
 
 class BlockPayload(NamedTuple):
@@ -31,15 +32,20 @@ class BlockPayload(NamedTuple):
 class BlockKernels(Protocol):
     """The operations of one block-kernel backend."""
 
-    def sz_encode(self, x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload | None:
-        """The sz payload of the flat float tensor ``x``, or None when it would be larger than ``raw_size``
-        bytes (the codec then stores the raw fallback)."""
+    MEASURES_RANGE: bool  # sz_encode measures rel's range itself (on the device), so SzParams come without eb
+
+    def sz_encode(self, x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[SzParams, BlockPayload | None]:
+        """The parameters used and the sz payload of the flat float tensor ``x``, or None for the payload when it
+        would be larger than ``raw_size`` bytes (the codec then stores the raw fallback). A backend that
+        MEASURES_RANGE takes rel's params with eb unset (NaN) and returns them with the eb it measured."""
         ...
 
-    def sz_decode(self, headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
+    def sz_decode(self, data: torch.Tensor, layout: Layout, checksum: int, dtype: torch.dtype,
                   params: SzParams) -> torch.Tensor:
-        """The decoded flat tensor (outliers still 0: the codec scatters them), after checking that the block
-        headers have at most 32 words each and ``n_words`` in all (CodecError if not)."""
+        """The decoded flat tensor of the 8-byte aligned payload ``data`` (length checked against ``layout``),
+        outliers included, after checking the payload's checksum against ``checksum``, that the block headers
+        have at most 32 words each and ``layout.n_words`` in all, and that the outlier indices increase strictly
+        inside the tensor (CodecError if any fails)."""
         ...
 
     def block_headers(self, q: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from hpcdl.compress.blocks import BACKENDS, backend_module, host, reference
 from hpcdl.compress.blocks.codec import BlockCodec, StreamCounts
 from hpcdl.compress.blocks.params import CODE_MODES, MANTISSA_BITS, MODE_CODES, SzParams, compute_dtype
 from hpcdl.compress.blocks.protocol import BlockKernels, BlockPayload
-from hpcdl.compress.blocks.stream import BLOCK, Layout, validate_outlier_indices
+from hpcdl.compress.blocks.stream import BLOCK, Layout
 from hpcdl.compress.header import Header
 from hpcdl.compress.registry import register_codec
 
@@ -60,11 +60,12 @@ class Sz(BlockCodec[SzParams]):
     def get_config(self) -> dict:
         return {"id": self.codec_id, "mode": self.error_bound.mode, "bound": self.error_bound.bound}
 
-    def _prepare(self, flat: torch.Tensor) -> SzParams:
-        return SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, flat)
+    def _prepare(self, flat: torch.Tensor, kernels: BlockKernels) -> SzParams:
+        return SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, flat,
+                                   measure_range=not kernels.MEASURES_RANGE)
 
     def _encode_blocks(self, kernels: BlockKernels, flat: torch.Tensor, state: SzParams,
-                       raw_size: int) -> BlockPayload | None:
+                       raw_size: int) -> tuple[SzParams, BlockPayload | None]:
         return kernels.sz_encode(flat, state, raw_size)
 
     def _header_fields(self, state: SzParams, flags: int, n_words: int, n_outliers: int) -> tuple:
@@ -81,9 +82,4 @@ class Sz(BlockCodec[SzParams]):
     @classmethod
     def _decode_blocks(cls, kernels: BlockKernels, header: Header, state: SzParams, layout: Layout,
                        data: torch.Tensor) -> torch.Tensor:
-        indices = layout.indices(data)
-        validate_outlier_indices(indices, header.numel, cls.codec_id)
-        restored = kernels.sz_decode(layout.headers(data), layout.n_words, layout.words(data), header.numel,
-                                     header.dtype, state)
-        restored[indices.to(torch.int64)] = layout.values(data, header.dtype)
-        return restored
+        return kernels.sz_decode(data, layout, header.checksum, header.dtype, state)
