@@ -86,7 +86,7 @@ def _launch(name: str, grid: int, threads: int, device: torch.device, *args) -> 
 
 def read_to_host(tensor: torch.Tensor) -> list[int]:
     """The one synchronising read of an encode or decode: a small int64 device tensor's values."""
-    return tensor.cpu().tolist()
+    return tensor.tolist()
 
 
 def _zeroed_summary(device: torch.device, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
