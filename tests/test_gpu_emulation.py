@@ -157,7 +157,7 @@ def test_corrupted_and_forged_streams_raise(standin):
     with_outliers = Sz("abs", 1e-3).encode_with(sample(3000, torch.float32, seed=2), "cuda")
     header = read_header(with_outliers.header, "sz", FIELDS)
     assert header.fields[-1] >= 2  # outliers
-    layout_indices_at = bytes(with_outliers.data.tolist()).find(int(3).to_bytes(4, "little"))
+    layout_indices_at = bytes(with_outliers.data.tolist()).find((3).to_bytes(4, "little"))
     swapped = with_outliers.data.clone()
     swapped[layout_indices_at : layout_indices_at + 4] = torch.tensor([255, 255, 0, 0], dtype=torch.uint8)
     with pytest.raises(CodecError, match="outlier indices"):

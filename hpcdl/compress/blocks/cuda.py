@@ -153,12 +153,13 @@ def _float(bits: int) -> float:
     return float(np.array([bits], dtype=np.int64).view(np.float64)[0])
 
 
-def sz_decode(data: torch.Tensor, layout: Layout, checksum: int, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
+def sz_decode(data: torch.Tensor, layout: Layout, expected_checksum: int, dtype: torch.dtype,
+              params: SzParams) -> torch.Tensor:
     """BlockKernels.sz_decode: one kernel decodes and checks; one read of its verdict."""
     n, device = layout.numel, data.device
     out = torch.empty(n, dtype=dtype, device=device)
     if n == 0:
-        if checksum != 0:
+        if expected_checksum != 0:
             raise CodecError("sz payload fails its checksum: the packed data is corrupted")
         return out
     tiles = (n + TILE_ELEMENTS - 1) // TILE_ELEMENTS
@@ -166,7 +167,7 @@ def sz_decode(data: torch.Tensor, layout: Layout, checksum: int, dtype: torch.dt
     _launch(f"hpcdl_sz_decode_{_SUFFIX[dtype]}", tiles, THREADS, device, data, np.int64(layout.total),
             np.int64(layout.n_words), np.int64(layout.words_at), np.int64(layout.indices_at),
             np.int64(layout.values_at), np.int64(layout.n_outliers), np.int32(index_dtype(n) == torch.int64),
-            np.uint64(checksum), np.int64(n), np.int32(params.kernel_mode), np.float64(params.eb),
+            np.uint64(expected_checksum), np.int64(n), np.int32(params.kernel_mode), np.float64(params.eb),
             np.float64(params.bound), np.int32(params.shift), out, status, summary)
     bad = read_to_host(summary[_STATUS : _STATUS + 1])[0]
     if bad:

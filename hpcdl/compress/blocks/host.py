@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from ctypes import c_char_p, c_double, c_int, c_longlong, c_ulonglong, c_void_p
 from pathlib import Path
 
@@ -248,9 +247,10 @@ def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, nu
     return q
 
 
-def sz_decode(data: torch.Tensor, layout: Layout, checksum: int, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
+def sz_decode(data: torch.Tensor, layout: Layout, expected_checksum: int, dtype: torch.dtype,
+              params: SzParams) -> torch.Tensor:
     """BlockKernels.sz_decode: the checksum and outlier index checks, :func:`decode_blocks`, the outliers."""
-    return twopass.sz_decode_checked(sys.modules[__name__], decode_blocks, data, layout, checksum, dtype, params)
+    return twopass.sz_decode_checked(checksum, decode_blocks, data, layout, expected_checksum, dtype, params)
 
 
 def decode_blocks(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,

@@ -40,10 +40,10 @@ class BlockKernels(Protocol):
         MEASURES_RANGE takes rel's params with eb unset (NaN) and returns them with the eb it measured."""
         ...
 
-    def sz_decode(self, data: torch.Tensor, layout: Layout, checksum: int, dtype: torch.dtype,
+    def sz_decode(self, data: torch.Tensor, layout: Layout, expected_checksum: int, dtype: torch.dtype,
                   params: SzParams) -> torch.Tensor:
         """The decoded flat tensor of the 8-byte aligned payload ``data`` (length checked against ``layout``),
-        outliers included, after checking the payload's checksum against ``checksum``, that the block headers
+        outliers included, after checking the payload's checksum against ``expected_checksum``, that the block headers
         have at most 32 words each and ``layout.n_words`` in all, and that the outlier indices increase strictly
         inside the tensor (CodecError if any fails)."""
         ...

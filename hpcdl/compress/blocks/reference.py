@@ -9,8 +9,6 @@ sz_pack, decode_blocks) have twins of the same name and signature in cuda.py.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from hpcdl.compress.blocks import twopass
@@ -18,7 +16,7 @@ from hpcdl.compress.blocks.params import KERNEL_MODE_PW_REL, MAX_Q, SzParams, co
 from hpcdl.compress.blocks.protocol import BlockPayload
 from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count
 
-__all__ = ["block_headers", "checksum", "decode_blocks", "pack", "sz_decode", "sz_encode", "sz_headers", "sz_pack",
+__all__ = ["MEASURES_RANGE", "block_headers", "checksum", "decode_blocks", "pack", "sz_decode", "sz_encode", "sz_headers", "sz_pack",
            "unpack"]
 
 PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO, PRED_SPARSE = 0, 1, 2, 3
@@ -254,9 +252,10 @@ def _decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int
     return twopass.sz_decode(decode_blocks, headers, n_words, words, numel, dtype, params)
 
 
-def sz_decode(data: torch.Tensor, layout: Layout, checksum: int, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
+def sz_decode(data: torch.Tensor, layout: Layout, expected_checksum: int, dtype: torch.dtype,
+              params: SzParams) -> torch.Tensor:
     """BlockKernels.sz_decode: the checks, the blocks (decode_blocks), the outliers."""
-    return twopass.sz_decode_checked(sys.modules[__name__], _decode, data, layout, checksum, dtype, params)
+    return twopass.sz_decode_checked(checksum, _decode, data, layout, expected_checksum, dtype, params)
 
 
 _MIX = (0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64)  # splitmix64's multipliers, as int64
