@@ -147,7 +147,7 @@ def test_unbiased_parameters_are_the_host_parameters(standin, mode, bound):
     """Coarse bounds and GELU's negative side need bigger slacks: the device chooses the host's, on the whole
     tensor and (past 4096 blocks) on a strided sample, and computes the same means."""
     for n in (5000, 200_000):
-        for name, x in activations(n, seed=n).items():
+        for x in activations(n, seed=n).values():
             for dtype in (torch.float32, torch.bfloat16):
                 assert_like_host(x.to(dtype), mode, bound)
 
