@@ -318,12 +318,7 @@ void unpack(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp
 hp_u64 checksum(const hp_u64* words, hp_i64 n) {
     hp_u64 sum = 0;
 #pragma omp parallel for schedule(static) reduction(+ : sum) if (n >= HPCDL_PARALLEL_MIN_ELEMENTS)
-    for (hp_i64 i = 0; i < n; ++i) {
-        hp_u64 x = words[i];
-        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-        sum += (2 * (hp_u64)i + 1) * (x ^ (x >> 31));
-    }
+    for (hp_i64 i = 0; i < n; ++i) sum += hp_checksum_term((hp_u64)i, words[i]);
     return sum;
 }
 

@@ -348,6 +348,23 @@ HPCDL_HD_INLINE void hp_or_reduce4(__m512i a, __m512i b, __m512i c, __m512i d, h
 }
 #endif
 
+// The header byte from the OR over a block's lanes of each predictor's values (zigzag(q), q, zigzag of the Lorenzo
+// difference, q - 1 for nonzero q) and the mask of nonzero lanes: the one definition of the choice, for the
+// per-thread blocks below and the warp-per-block GPU kernels (kernels/sz_warp.cuh).
+HPCDL_HD_INLINE hp_u8 hp_choose_header(hp_u32 any_zigzag, hp_u32 any_unsigned, hp_u32 any_lorenzo, hp_u32 any_sparse,
+                                       hp_u32 mask) {
+    int w_zigzag = hp_bit_width(any_zigzag), w_lorenzo = hp_bit_width(any_lorenzo);
+    int w_unsigned = (any_unsigned >> 31) ? 64 : hp_bit_width(any_unsigned);  // bit 31 set: some q < 0
+    int best = w_zigzag, predictor = HPCDL_PRED_ZIGZAG;
+    if (w_unsigned < best) best = w_unsigned, predictor = HPCDL_PRED_UNSIGNED;
+    if (w_lorenzo < best) best = w_lorenzo, predictor = HPCDL_PRED_LORENZO;
+    if (w_unsigned <= 32) {
+        int w_sparse = 1 + (hp_popcount(mask) * hp_bit_width(any_sparse) + 31) / 32;
+        if (w_sparse < best) best = w_sparse, predictor = HPCDL_PRED_SPARSE;
+    }
+    return (hp_u8)(best | (predictor << 6));
+}
+
 HPCDL_HD_INLINE hp_u8 hp_block_header(const hp_i32* q, int count) {
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     hp_u32 any_zigzag, any_lorenzo, any_unsigned, any_sparse, mask;
@@ -381,16 +398,7 @@ HPCDL_HD_INLINE hp_u8 hp_block_header(const hp_i32* q, int count) {
             mask |= lane_bit[i] & (0u - nonzero);
         }
     }
-    int w_zigzag = hp_bit_width(any_zigzag), w_lorenzo = hp_bit_width(any_lorenzo);
-    int w_unsigned = (any_unsigned >> 31) ? 64 : hp_bit_width(any_unsigned);  // bit 31 set: some q < 0
-    int best = w_zigzag, predictor = HPCDL_PRED_ZIGZAG;
-    if (w_unsigned < best) best = w_unsigned, predictor = HPCDL_PRED_UNSIGNED;
-    if (w_lorenzo < best) best = w_lorenzo, predictor = HPCDL_PRED_LORENZO;
-    if (w_unsigned <= 32) {
-        int w_sparse = 1 + (hp_popcount(mask) * hp_bit_width(any_sparse) + 31) / 32;
-        if (w_sparse < best) best = w_sparse, predictor = HPCDL_PRED_SPARSE;
-    }
-    return (hp_u8)(best | (predictor << 6));
+    return hp_choose_header(any_zigzag, any_unsigned, any_lorenzo, any_sparse, mask);
 }
 
 // Bit planes of 32 lane values: plane j holds bit j of lane i at bit i.
@@ -565,6 +573,15 @@ HPCDL_HD_INLINE void hp_block_unpack(hp_u8 header, const hp_u32* words, hp_i32* 
         hp_u32 sum = 0;
         for (int i = 0; i < HPCDL_BLOCK; ++i) q[i] = (hp_i32)(sum += (hp_u32)hp_unzigzag(u[i]));
     }
+}
+
+// ---------------------------------------------------------------- payload checksum (docs/format.md, section 3)
+
+// The term of little-endian u64 word w at position i: (2 i + 1) * splitmix64's finalizer of w, modulo 2^64.
+HPCDL_HD inline hp_u64 hp_checksum_term(hp_u64 i, hp_u64 w) {
+    w = (w ^ (w >> 30)) * 0xBF58476D1CE4E5B9ull;
+    w = (w ^ (w >> 27)) * 0x94D049BB133111EBull;
+    return (2 * i + 1) * (w ^ (w >> 31));
 }
 
 // ---------------------------------------------------------------- whole-block steps (one thread per block)

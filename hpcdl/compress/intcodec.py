@@ -18,7 +18,7 @@ import torch
 from hpcdl.compress.blocks.codec import BlockCodec, StreamCounts
 from hpcdl.compress.blocks.protocol import BlockKernels, BlockPayload
 from hpcdl.compress.blocks.stream import BLOCK, Layout, validate_block_headers, word_offsets
-from hpcdl.compress.checksum import payload_checksum
+from hpcdl.compress.checksum import payload_checksum, verified_payload
 from hpcdl.compress.header import Header
 from hpcdl.compress.registry import register_codec
 
@@ -82,21 +82,21 @@ class IntCodec(BlockCodec[None]):
     def get_config(self) -> dict:
         return {"id": self.codec_id}
 
-    def _prepare(self, kernels: BlockKernels, flat: torch.Tensor) -> None:
+    def _prepare(self, flat: torch.Tensor, kernels: BlockKernels) -> None:
         return None
 
     def _encode_blocks(self, kernels: BlockKernels, flat: torch.Tensor, state: None,
-                       raw_size: int) -> BlockPayload | None:
+                       raw_size: int) -> tuple[None, BlockPayload | None]:
         codes = to_codes(flat)
         headers = kernels.block_headers(codes)
         offsets, n_words = word_offsets(headers)
         layout = Layout(codes.numel(), n_words, 0, 0)
         if layout.total > raw_size:
-            return None
+            return None, None
         data = torch.zeros(layout.total, dtype=torch.uint8, device=flat.device)
         layout.headers(data).copy_(headers)
         kernels.pack(codes, headers, offsets, layout.words(data))
-        return BlockPayload(data, n_words, 0, payload_checksum(data, kernels))
+        return None, BlockPayload(data, n_words, 0, payload_checksum(data, kernels))
 
     def _header_fields(self, state: None, flags: int, n_words: int, n_outliers: int) -> tuple:
         return flags, BLOCK, n_words
@@ -113,6 +113,7 @@ class IntCodec(BlockCodec[None]):
     @classmethod
     def _decode_blocks(cls, kernels: BlockKernels, header: Header, state: None, layout: Layout,
                        data: torch.Tensor) -> torch.Tensor:
+        data = verified_payload(data, header, kernels)
         headers = layout.headers(data)
         validate_block_headers(headers, layout.n_words, cls.codec_id)
         out = torch.empty(header.numel, dtype=header.dtype, device=data.device)

@@ -20,7 +20,7 @@ from hpcdl.compress.base import Codec, Packed
 from hpcdl.compress.blocks import backend_module
 from hpcdl.compress.blocks.protocol import BlockKernels, BlockPayload
 from hpcdl.compress.blocks.stream import BLOCK, Layout, check_payload_length, raw_payload, raw_payload_size
-from hpcdl.compress.checksum import payload_checksum, verified_payload
+from hpcdl.compress.checksum import aligned_payload, payload_checksum, verified_payload
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import Header, read_header, write_header
 
@@ -49,14 +49,14 @@ class BlockCodec(Codec, Generic[State]):
     # ---------------------------------------------------------------- what a subclass says
 
     @abstractmethod
-    def _prepare(self, kernels: BlockKernels, flat: torch.Tensor) -> State:
-        """What encoding the flat tensor needs besides it (written to the header, raw or not), computed with
-        ``kernels`` where it depends on the data."""
+    def _prepare(self, flat: torch.Tensor, kernels: BlockKernels) -> State:
+        """What encoding the flat tensor with ``kernels`` needs besides it (written to the header, raw or not)."""
 
     @abstractmethod
     def _encode_blocks(self, kernels: BlockKernels, flat: torch.Tensor, state: State,
-                       raw_size: int) -> BlockPayload | None:
-        """The payload of ``flat``, or None when it would be larger than ``raw_size`` bytes."""
+                       raw_size: int) -> tuple[State, BlockPayload | None]:
+        """The state as encoding completed it (sz on a GPU measures rel's range there) and the payload of
+        ``flat``, or None when it would be larger than ``raw_size`` bytes."""
 
     @abstractmethod
     def _header_fields(self, state: State, flags: int, n_words: int, n_outliers: int) -> tuple:
@@ -72,7 +72,8 @@ class BlockCodec(Codec, Generic[State]):
     @abstractmethod
     def _decode_blocks(cls, kernels: BlockKernels, header: Header, state: State, layout: Layout,
                        data: torch.Tensor) -> torch.Tensor:
-        """The flat decoded tensor of a verified, non-raw payload ``data`` (block headers not yet validated)."""
+        """The flat decoded tensor of a non-raw, aligned payload ``data`` of the length ``layout`` implies; the
+        codec checks it against ``header.checksum`` (the kernels may fuse that check into decoding)."""
 
     @classmethod
     def _code_count(cls, numel: int, dtype: torch.dtype) -> int:
@@ -93,8 +94,8 @@ class BlockCodec(Codec, Generic[State]):
             return self.encode(tensor)  # raises the contract's TypeError
         kernels = backend_module(backend, tensor.device)
         flat = tensor.detach().contiguous().reshape(-1)
-        state = self._prepare(kernels, flat)
-        encoded = self._encode_blocks(kernels, flat, state, raw_payload_size(flat.numel(), flat.dtype))
+        state = self._prepare(flat, kernels)
+        state, encoded = self._encode_blocks(kernels, flat, state, raw_payload_size(flat.numel(), flat.dtype))
         if encoded is None:
             flags, n_words, n_outliers = FLAG_RAW, 0, 0
             data = raw_payload(flat)
@@ -122,7 +123,7 @@ class BlockCodec(Codec, Generic[State]):
         layout = Layout(cls._code_count(numel, dtype), counts.n_words, counts.n_outliers, dtype.itemsize)
         check_payload_length(packed.data, raw_payload_size(numel, dtype) if raw else layout.total, cls.codec_id)
         kernels = backend_module(backend, packed.device)
-        data = verified_payload(packed.data, header, kernels)
         if raw:
+            data = verified_payload(packed.data, header, kernels)
             return data[: numel * dtype.itemsize].clone().view(dtype).reshape(header.shape)
-        return cls._decode_blocks(kernels, header, state, layout, data).reshape(header.shape)
+        return cls._decode_blocks(kernels, header, state, layout, aligned_payload(packed.data)).reshape(header.shape)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from hpcdl.compress.blocks import twopass
 from hpcdl.compress.blocks.params import SzParams
 from hpcdl.compress.blocks.protocol import BlockPayload
 from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count, index_dtype
@@ -185,7 +186,15 @@ def _check(status: int) -> int:
     return status
 
 
-def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload | None:
+RESOLVES_PARAMS = False  # the codec computes SzParams.for_tensor with sz_stats below
+
+
+def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[SzParams, BlockPayload | None]:
+    """BlockKernels.sz_encode: :func:`encode_payload` with the params it was given."""
+    return params, encode_payload(x, params, raw_size)
+
+
+def encode_payload(x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload | None:
     """The whole sz payload of flat ``x`` in one pass over it: (data, words, outliers, checksum), or None when the
     stream would be larger than ``raw_size`` bytes. The same bytes as the two passes of the reference and the GPU
     (block headers and outlier counts, prefix sums, then words and outliers)."""
@@ -252,8 +261,14 @@ def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, nu
     return q
 
 
-def sz_decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
+def sz_decode(data: torch.Tensor, layout: Layout, expected_checksum: int, dtype: torch.dtype,
               params: SzParams) -> torch.Tensor:
+    """BlockKernels.sz_decode: the checksum and outlier index checks, :func:`decode_blocks`, the outliers."""
+    return twopass.sz_decode_checked(checksum, decode_blocks, data, layout, expected_checksum, dtype, params)
+
+
+def decode_blocks(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
+                  params: SzParams) -> torch.Tensor:
     """Decoded flat tensor (outliers still 0), after checking that the block headers have at most 32 words each
     and ``n_words`` in all (CodecError if not): the validation, prefix sum and unpacking in one call."""
     _use_torch_threads()

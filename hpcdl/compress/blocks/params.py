@@ -87,6 +87,15 @@ class SzParams:
         return (self.step, *self.sub, *self.base)
 
     @classmethod
+    def unresolved(cls, mode: str, bound: float, dtype: torch.dtype) -> SzParams:
+        """What a backend that resolves the parameters on the device starts from: the mode, the bound, abs's eb,
+        pw_rel's shift; rel's eb is NaN and the reconstruction is left for the backend to compute from the data
+        exactly as :meth:`for_tensor` would."""
+        if mode == "pw_rel":
+            return cls(mode, bound, 0.0, pw_rel_shift(dtype, bound))
+        return cls(mode, bound, bound if mode == "abs" else math.nan, 0)
+
+    @classmethod
     def for_tensor(cls, mode: str, bound: float, tensor: torch.Tensor, stats: Stats) -> SzParams:
         """Parameters for the flat ``tensor`` (rel: from :func:`hpcdl.compress.value_range`, on any device), with
         the unbiased reconstruction from ``stats`` (a backend's sz_stats)."""
@@ -141,10 +150,21 @@ def _pw_rel_bases(params: SzParams, sums: Sequence[int], dtype: torch.dtype) -> 
     return (bases[0], bases[1])
 
 
-def _sample(tensor: torch.Tensor) -> torch.Tensor:
-    """About SAMPLE_BLOCKS evenly spaced blocks of 32 of the flat tensor (the tensor itself when it is smaller)."""
-    blocks = tensor.numel() // 32
+def sample_layout(numel: int) -> tuple[int, int]:
+    """Where the slack's sample of a flat tensor of ``numel`` elements lies: (stride, length), element e of the
+    sample being element (e // 32) * stride * 32 + e % 32 of the tensor; the whole tensor (stride 1) when it has at
+    most 2 * SAMPLE_BLOCKS whole blocks, else every stride-th whole block, about SAMPLE_BLOCKS of them."""
+    blocks = numel // 32
     if blocks <= 2 * SAMPLE_BLOCKS:
-        return tensor
+        return 1, numel
     stride = blocks // SAMPLE_BLOCKS
+    return stride, -(-blocks // stride) * 32
+
+
+def _sample(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of :func:`sample_layout` of the flat tensor."""
+    stride, length = sample_layout(tensor.numel())
+    if stride == 1:
+        return tensor
+    blocks = tensor.numel() // 32
     return tensor[: blocks * 32].view(blocks, 32)[::stride].reshape(-1)

@@ -17,6 +17,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from hpcdl.compress.blocks.params import SzParams
+from hpcdl.compress.blocks.stream import Layout
 
 
 class BlockPayload(NamedTuple):
@@ -31,20 +32,28 @@ class BlockPayload(NamedTuple):
 class BlockKernels(Protocol):
     """The operations of one block-kernel backend."""
 
-    def sz_encode(self, x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload | None:
-        """The sz payload of the flat float tensor ``x``, or None when it would be larger than ``raw_size``
-        bytes (the codec then stores the raw fallback)."""
+    RESOLVES_PARAMS: bool  # sz_encode computes the data-dependent SzParams itself (on the device, docs/gpu.md)
+
+    def sz_encode(self, x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[SzParams, BlockPayload | None]:
+        """The parameters used and the sz payload of the flat float tensor ``x``, or None for the payload when it
+        would be larger than ``raw_size`` bytes (the codec then stores the raw fallback). A backend that
+        RESOLVES_PARAMS takes :meth:`SzParams.unresolved` and returns the params it computed from ``x`` (rel's eb,
+        the unbiased reconstruction), the same as :meth:`SzParams.for_tensor` with its sz_stats; any other backend
+        takes those and returns them."""
         ...
 
     def sz_stats(self, x: torch.Tensor, params: SzParams) -> tuple[int, ...]:
         """The 8 integer sums of the flat float tensor ``x`` that :meth:`SzParams.with_means` turns into the
-        unbiased reconstruction (docs/format.md, section 5)."""
+        unbiased reconstruction (docs/format.md, section 5); the codec calls it when the backend does not
+        RESOLVES_PARAMS."""
         ...
 
-    def sz_decode(self, headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
+    def sz_decode(self, data: torch.Tensor, layout: Layout, expected_checksum: int, dtype: torch.dtype,
                   params: SzParams) -> torch.Tensor:
-        """The decoded flat tensor (outliers still 0: the codec scatters them), after checking that the block
-        headers have at most 32 words each and ``n_words`` in all (CodecError if not)."""
+        """The decoded flat tensor of the 8-byte aligned payload ``data`` (length checked against ``layout``),
+        outliers included, after checking the payload's checksum against ``expected_checksum``, that the block headers
+        have at most 32 words each and ``layout.n_words`` in all, and that the outlier indices increase strictly
+        inside the tensor (CodecError if any fails)."""
         ...
 
     def block_headers(self, q: torch.Tensor) -> torch.Tensor:

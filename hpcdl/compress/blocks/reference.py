@@ -14,10 +14,10 @@ import torch
 from hpcdl.compress.blocks import twopass
 from hpcdl.compress.blocks.params import KERNEL_MODE_PW_REL, MAX_Q, STAT_BITS, SzParams, compute_dtype
 from hpcdl.compress.blocks.protocol import BlockPayload
-from hpcdl.compress.blocks.stream import BLOCK, block_count
+from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count
 
-__all__ = ["block_headers", "checksum", "decode_blocks", "pack", "sz_decode", "sz_encode", "sz_headers", "sz_pack",
-           "sz_stats", "unpack"]
+__all__ = ["RESOLVES_PARAMS", "block_headers", "checksum", "decode_blocks", "pack", "sz_decode", "sz_encode",
+           "sz_headers", "sz_pack", "sz_stats", "unpack"]
 
 PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO, PRED_SPARSE = 0, 1, 2, 3
 _CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
@@ -289,15 +289,23 @@ def decode_blocks(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Ten
     return value_of(unpack(headers, offsets, words, numel), dtype, params)
 
 
-def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> BlockPayload | None:
+RESOLVES_PARAMS = False  # the codec computes SzParams.for_tensor with sz_stats below
+
+
+def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[SzParams, BlockPayload | None]:
     """BlockKernels.sz_encode: sz_headers, the prefix sums, then sz_pack."""
-    return twopass.sz_encode(sz_headers, sz_pack, checksum, x, params, raw_size)
+    return params, twopass.sz_encode(sz_headers, sz_pack, checksum, x, params, raw_size)
 
 
-def sz_decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
-              params: SzParams) -> torch.Tensor:
-    """BlockKernels.sz_decode: validate the block headers, then decode_blocks."""
+def _decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
+            params: SzParams) -> torch.Tensor:
     return twopass.sz_decode(decode_blocks, headers, n_words, words, numel, dtype, params)
+
+
+def sz_decode(data: torch.Tensor, layout: Layout, expected_checksum: int, dtype: torch.dtype,
+              params: SzParams) -> torch.Tensor:
+    """BlockKernels.sz_decode: the checks, the blocks (decode_blocks), the outliers."""
+    return twopass.sz_decode_checked(checksum, _decode, data, layout, expected_checksum, dtype, params)
 
 
 _MIX = (0xBF58476D1CE4E5B9 - 2**64, 0x94D049BB133111EB - 2**64)  # splitmix64's multipliers, as int64

@@ -9,7 +9,8 @@ import torch
 
 from hpcdl.compress.blocks.params import SzParams
 from hpcdl.compress.blocks.protocol import BlockPayload
-from hpcdl.compress.blocks.stream import Layout, validate_block_headers, word_offsets
+from hpcdl.compress.blocks.stream import Layout, validate_block_headers, validate_outlier_indices, word_offsets
+from hpcdl.compress.errors import CodecError
 
 HeadersPass = Callable[[torch.Tensor, SzParams], tuple[torch.Tensor, torch.Tensor]]
 PackPass = Callable[..., None]
@@ -40,3 +41,20 @@ def sz_decode(decode_blocks: BlocksDecoder, headers: torch.Tensor, n_words: int,
     validate_block_headers(headers, n_words, "sz")
     offsets, _ = word_offsets(headers)
     return decode_blocks(headers, offsets, words, numel, dtype, params)
+
+
+BlocksDecode = Callable[[torch.Tensor, int, torch.Tensor, int, torch.dtype, SzParams], torch.Tensor]
+
+
+def sz_decode_checked(checksum_of: Callable[[torch.Tensor], int], decode: BlocksDecode, data: torch.Tensor,
+                      layout: Layout, checksum: int, dtype: torch.dtype, params: SzParams) -> torch.Tensor:
+    """BlockKernels.sz_decode from a backend's ``checksum`` (an sz payload is whole u64 words) and block decoder
+    ``decode`` (headers, words, numel, dtype, params; it validates the headers): the checksum and outlier index
+    checks, the blocks, then the outliers scattered."""
+    if checksum_of(data) != checksum:
+        raise CodecError("sz payload fails its checksum: the packed data is corrupted")
+    indices = layout.indices(data)
+    validate_outlier_indices(indices, layout.numel, "sz")
+    restored = decode(layout.headers(data), layout.n_words, layout.words(data), layout.numel, dtype, params)
+    restored[indices.to(torch.int64)] = layout.values(data, dtype)
+    return restored

@@ -25,7 +25,7 @@ from hpcdl.compress.blocks import BACKENDS, backend_module, host, reference
 from hpcdl.compress.blocks.codec import BlockCodec, StreamCounts
 from hpcdl.compress.blocks.params import CODE_MODES, MANTISSA_BITS, MODE_CODES, SzParams, compute_dtype
 from hpcdl.compress.blocks.protocol import BlockKernels, BlockPayload
-from hpcdl.compress.blocks.stream import BLOCK, Layout, validate_outlier_indices
+from hpcdl.compress.blocks.stream import BLOCK, Layout
 from hpcdl.compress.header import Header
 from hpcdl.compress.registry import register_codec
 
@@ -77,11 +77,14 @@ class Sz(BlockCodec[SzParams]):
     def get_config(self) -> dict:
         return {"id": self.codec_id, "mode": self.error_bound.mode, "bound": self.error_bound.bound}
 
-    def _prepare(self, kernels: BlockKernels, flat: torch.Tensor) -> SzParams:
-        return SzParams.for_tensor(self.error_bound.mode, self.error_bound.bound, flat, kernels.sz_stats)
+    def _prepare(self, flat: torch.Tensor, kernels: BlockKernels) -> SzParams:
+        mode, bound = self.error_bound.mode, self.error_bound.bound
+        if kernels.RESOLVES_PARAMS:
+            return SzParams.unresolved(mode, bound, flat.dtype)
+        return SzParams.for_tensor(mode, bound, flat, kernels.sz_stats)
 
     def _encode_blocks(self, kernels: BlockKernels, flat: torch.Tensor, state: SzParams,
-                       raw_size: int) -> BlockPayload | None:
+                       raw_size: int) -> tuple[SzParams, BlockPayload | None]:
         return kernels.sz_encode(flat, state, raw_size)
 
     def _header_fields(self, state: SzParams, flags: int, n_words: int, n_outliers: int) -> tuple:
@@ -101,9 +104,4 @@ class Sz(BlockCodec[SzParams]):
     @classmethod
     def _decode_blocks(cls, kernels: BlockKernels, header: Header, state: SzParams, layout: Layout,
                        data: torch.Tensor) -> torch.Tensor:
-        indices = layout.indices(data)
-        validate_outlier_indices(indices, header.numel, cls.codec_id)
-        restored = kernels.sz_decode(layout.headers(data), layout.n_words, layout.words(data), header.numel,
-                                     header.dtype, state)
-        restored[indices.to(torch.int64)] = layout.values(data, header.dtype)
-        return restored
+        return kernels.sz_decode(data, layout, header.checksum, header.dtype, state)
