@@ -330,6 +330,57 @@ inline void hp_sz_stats32_f32_abs(const float* x, hp_i64 blocks, const HpSzParam
         sums[4] += n2p, sums[5] += hp_sum16_i64(s2p), sums[6] += n2n, sums[7] += hp_sum16_i64(s2n);
     }
 }
+#elif HPCDL_HOST_AVX2
+// The AVX2 version of hp_sz_stats32_f32_abs above: 8 lanes, vector compare masks (all ones or zero) for the lanes'
+// selections, the counts accumulated as the masks' -1s.
+inline hp_i64 hp_sum8_i64(__m256i lanes) {
+    __m256i wide = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(lanes)),
+                                    _mm256_cvtepi32_epi64(_mm256_extracti128_si256(lanes, 1)));
+    hp_i64 parts[4];
+    _mm256_storeu_si256((__m256i*)parts, wide);
+    return parts[0] + parts[1] + parts[2] + parts[3];
+}
+inline void hp_sz_stats32_f32_abs(const float* x, hp_i64 blocks, const HpSzParams& p, hp_i64* sums) {
+    const __m256 inv = _mm256_set1_ps((float)p.inv), eb = _mm256_set1_ps((float)p.eb), zero = _mm256_setzero_ps();
+    const __m256 max_scaled = _mm256_set1_ps((float)(HPCDL_MAX_Q - 1)), step = _mm256_set1_ps((float)p.step);
+    const __m256 scale = _mm256_set1_ps((float)((double)(1 << HPCDL_STAT_BITS) / p.eb));
+    const __m256 centre_2 = _mm256_set1_ps((float)(p.eb + 0.5 * p.step));
+    const __m256 limit = _mm256_set1_ps((float)(2 << HPCDL_STAT_BITS)), minus_limit = _mm256_set1_ps(-(float)(2 << HPCDL_STAT_BITS));
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2);
+    for (hp_i64 first = 0; first < blocks; first += 64) {
+        hp_i64 last = first + 64 < blocks ? first + 64 : blocks;
+        __m256i s1p = _mm256_setzero_si256(), s1n = s1p, s2p = s1p, s2n = s1p, n1p = s1p, n1n = s1p, n2p = s1p, n2n = s1p;
+        for (hp_i64 v = 4 * first; v < 4 * last; ++v) {
+            __m256 xv = _mm256_loadu_ps(x + 8 * v);
+            __m256 magnitude = _mm256_and_ps(xv, abs_mask);
+            // max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
+            __m256 scaled = _mm256_mul_ps(_mm256_max_ps(_mm256_sub_ps(magnitude, eb), zero), inv);
+            __m256 usable = _mm256_and_ps(_mm256_cmp_ps(magnitude, zero, _CMP_GT_OQ), _mm256_cmp_ps(scaled, max_scaled, _CMP_LE_OQ));
+            __m256 in_range = _mm256_and_ps(usable, scaled);
+            __m256i truncated = _mm256_cvttps_epi32(in_range);
+            __m256i round_up = _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ));
+            __m256i level = _mm256_add_epi32(_mm256_sub_epi32(truncated, round_up), one);  // round_up is -1 or 0
+            __m256 negative = _mm256_cmp_ps(xv, zero, _CMP_LT_OQ);
+            __m256 is_one = _mm256_castsi256_ps(_mm256_cmpeq_epi32(level, one));
+            __m256 level1 = _mm256_and_ps(usable, is_one), binned = _mm256_andnot_ps(is_one, usable);
+            __m256 centre = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(level, two)), step), centre_2);
+            __m256 offset = _mm256_mul_ps(_mm256_blendv_ps(_mm256_sub_ps(magnitude, centre), magnitude, level1), scale);
+            offset = _mm256_max_ps(_mm256_min_ps(offset, limit), minus_limit);  // min/max: a < b ? a : b, as the portable selects
+            __m256i units = _mm256_cvttps_epi32(offset);
+            __m256i l1p = _mm256_castps_si256(_mm256_andnot_ps(negative, level1));
+            __m256i l1n = _mm256_castps_si256(_mm256_and_ps(negative, level1));
+            __m256i b2p = _mm256_castps_si256(_mm256_andnot_ps(negative, binned));
+            __m256i b2n = _mm256_castps_si256(_mm256_and_ps(negative, binned));
+            s1p = _mm256_add_epi32(s1p, _mm256_and_si256(l1p, units)), n1p = _mm256_sub_epi32(n1p, l1p);
+            s1n = _mm256_add_epi32(s1n, _mm256_and_si256(l1n, units)), n1n = _mm256_sub_epi32(n1n, l1n);
+            s2p = _mm256_add_epi32(s2p, _mm256_and_si256(b2p, units)), n2p = _mm256_sub_epi32(n2p, b2p);
+            s2n = _mm256_add_epi32(s2n, _mm256_and_si256(b2n, units)), n2n = _mm256_sub_epi32(n2n, b2n);
+        }
+        sums[0] += hp_sum8_i64(n1p), sums[1] += hp_sum8_i64(s1p), sums[2] += hp_sum8_i64(n1n), sums[3] += hp_sum8_i64(s1n);
+        sums[4] += hp_sum8_i64(n2p), sums[5] += hp_sum8_i64(s2p), sums[6] += hp_sum8_i64(n2n), sums[7] += hp_sum8_i64(s2n);
+    }
+}
 #endif
 
 // Verification in float64, as hpcdl.compress.check_bound judges: the decoded value y (already rounded to the
