@@ -129,6 +129,13 @@ static void sz_stats_part(const typename D::S* x, hp_i64 n, hp_i64 part, const H
     hp_i64 last = first + HPCDL_PART_BLOCKS < blocks ? first + HPCDL_PART_BLOCKS : blocks;
     hp_i64 sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const HpSzParams local = p;
+#if HPCDL_HOST_AVX2
+    if (MODE == HPCDL_MODE_ABS && sizeof(typename D::S) == 4) {  // float32 (HpF32): the whole blocks as vectors
+        hp_i64 whole = last < n / HPCDL_BLOCK ? last : n / HPCDL_BLOCK;
+        if (whole > first) hp_sz_stats32_f32_abs((const float*)x + first * HPCDL_BLOCK, whole - first, local, sums);
+        first = whole > first ? whole : first;
+    }
+#endif
     for (hp_i64 b = first; b < last; ++b) {
         int count = hp_block_count(n, b);
         if (count == HPCDL_BLOCK)  // the constant count lets the compiler unroll and vectorize whole blocks

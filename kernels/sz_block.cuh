@@ -283,6 +283,106 @@ HPCDL_HD_INLINE void hp_sz_stat_lanes(const typename D::S* xb, int count, const 
     sums[4] += n2p, sums[5] += s2p, sums[6] += n2n, sums[7] += s2n;
 }
 
+#if HPCDL_HOST_AVX512
+// hp_sz_stat_lanes of `blocks` whole blocks of float32 elements in abs mode, as 16-lane AVX-512 operations: the
+// same IEEE operations per element (code, bin centre, offset, clamp, truncation), with the lanes' int32 sums kept
+// in vectors for up to 64 blocks (|units| <= 2^21 per element, so at most 2^28 per lane) and then added to sums.
+// Integer sums do not depend on the order of addition, so the sums are those of the portable loop.
+// The sum of 16 int32 lanes, in int64 (16 lanes of up to 2^28 overflow int32).
+inline hp_i64 hp_sum16_i64(__m512i lanes) {
+    return (hp_i64)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes)),
+                                                            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(lanes, 1))));
+}
+inline void hp_sz_stats32_f32_abs(const float* x, hp_i64 blocks, const HpSzParams& p, hp_i64* sums) {
+    const __m512 inv = _mm512_set1_ps((float)p.inv), eb = _mm512_set1_ps((float)p.eb), zero = _mm512_setzero_ps();
+    const __m512 max_scaled = _mm512_set1_ps((float)(HPCDL_MAX_Q - 1)), step = _mm512_set1_ps((float)p.step);
+    const __m512 scale = _mm512_set1_ps((float)((double)(1 << HPCDL_STAT_BITS) / p.eb));
+    const __m512 centre_2 = _mm512_set1_ps((float)(p.eb + 0.5 * p.step));
+    const __m512 limit = _mm512_set1_ps((float)(2 << HPCDL_STAT_BITS)), minus_limit = _mm512_set1_ps(-(float)(2 << HPCDL_STAT_BITS));
+    const __m512i one = _mm512_set1_epi32(1), two = _mm512_set1_epi32(2);
+    for (hp_i64 first = 0; first < blocks; first += 64) {
+        hp_i64 last = first + 64 < blocks ? first + 64 : blocks;
+        __m512i s1p = _mm512_setzero_si512(), s1n = s1p, s2p = s1p, s2n = s1p;
+        hp_i64 n1p = 0, n1n = 0, n2p = 0, n2n = 0;
+        for (hp_i64 v = 2 * first; v < 2 * last; ++v) {
+            __m512 xv = _mm512_loadu_ps(x + 16 * v);
+            __m512 magnitude = _mm512_abs_ps(xv);
+            __m512 scaled = _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(magnitude, eb), zero), inv);
+            __mmask16 usable = _mm512_cmp_ps_mask(magnitude, zero, _CMP_GT_OQ) &
+                               _mm512_cmp_ps_mask(scaled, max_scaled, _CMP_LE_OQ);
+            __m512 in_range = _mm512_maskz_mov_ps(usable, scaled);
+            __m512i truncated = _mm512_cvttps_epi32(in_range);
+            __mmask16 round_up = _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ);
+            __m512i level = _mm512_add_epi32(_mm512_mask_add_epi32(truncated, round_up, truncated, one), one);
+            __mmask16 negative = _mm512_cmp_ps_mask(xv, zero, _CMP_LT_OQ);
+            __mmask16 level1 = usable & _mm512_cmpeq_epi32_mask(level, one), binned = usable & ~level1;
+            __m512 centre = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(level, two)), step), centre_2);
+            __m512 offset = _mm512_mul_ps(_mm512_mask_blend_ps(level1, _mm512_sub_ps(magnitude, centre), magnitude), scale);
+            offset = _mm512_max_ps(_mm512_min_ps(offset, limit), minus_limit);  // min/max: a < b ? a : b, as the portable selects
+            __m512i units = _mm512_cvttps_epi32(offset);
+            __mmask16 l1p = level1 & ~negative, l1n = level1 & negative, b2p = binned & ~negative, b2n = binned & negative;
+            s1p = _mm512_mask_add_epi32(s1p, l1p, s1p, units), s1n = _mm512_mask_add_epi32(s1n, l1n, s1n, units);
+            s2p = _mm512_mask_add_epi32(s2p, b2p, s2p, units), s2n = _mm512_mask_add_epi32(s2n, b2n, s2n, units);
+            n1p += __builtin_popcount(l1p), n1n += __builtin_popcount(l1n);
+            n2p += __builtin_popcount(b2p), n2n += __builtin_popcount(b2n);
+        }
+        sums[0] += n1p, sums[1] += hp_sum16_i64(s1p), sums[2] += n1n, sums[3] += hp_sum16_i64(s1n);
+        sums[4] += n2p, sums[5] += hp_sum16_i64(s2p), sums[6] += n2n, sums[7] += hp_sum16_i64(s2n);
+    }
+}
+#elif HPCDL_HOST_AVX2
+// The AVX2 version of hp_sz_stats32_f32_abs above: 8 lanes, vector compare masks (all ones or zero) for the lanes'
+// selections, the counts accumulated as the masks' -1s.
+inline hp_i64 hp_sum8_i64(__m256i lanes) {
+    __m256i wide = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(lanes)),
+                                    _mm256_cvtepi32_epi64(_mm256_extracti128_si256(lanes, 1)));
+    hp_i64 parts[4];
+    _mm256_storeu_si256((__m256i*)parts, wide);
+    return parts[0] + parts[1] + parts[2] + parts[3];
+}
+inline void hp_sz_stats32_f32_abs(const float* x, hp_i64 blocks, const HpSzParams& p, hp_i64* sums) {
+    const __m256 inv = _mm256_set1_ps((float)p.inv), eb = _mm256_set1_ps((float)p.eb), zero = _mm256_setzero_ps();
+    const __m256 max_scaled = _mm256_set1_ps((float)(HPCDL_MAX_Q - 1)), step = _mm256_set1_ps((float)p.step);
+    const __m256 scale = _mm256_set1_ps((float)((double)(1 << HPCDL_STAT_BITS) / p.eb));
+    const __m256 centre_2 = _mm256_set1_ps((float)(p.eb + 0.5 * p.step));
+    const __m256 limit = _mm256_set1_ps((float)(2 << HPCDL_STAT_BITS)), minus_limit = _mm256_set1_ps(-(float)(2 << HPCDL_STAT_BITS));
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2);
+    for (hp_i64 first = 0; first < blocks; first += 64) {
+        hp_i64 last = first + 64 < blocks ? first + 64 : blocks;
+        __m256i s1p = _mm256_setzero_si256(), s1n = s1p, s2p = s1p, s2n = s1p, n1p = s1p, n1n = s1p, n2p = s1p, n2n = s1p;
+        for (hp_i64 v = 4 * first; v < 4 * last; ++v) {
+            __m256 xv = _mm256_loadu_ps(x + 8 * v);
+            __m256 magnitude = _mm256_and_ps(xv, abs_mask);
+            // max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
+            __m256 scaled = _mm256_mul_ps(_mm256_max_ps(_mm256_sub_ps(magnitude, eb), zero), inv);
+            __m256 usable = _mm256_and_ps(_mm256_cmp_ps(magnitude, zero, _CMP_GT_OQ), _mm256_cmp_ps(scaled, max_scaled, _CMP_LE_OQ));
+            __m256 in_range = _mm256_and_ps(usable, scaled);
+            __m256i truncated = _mm256_cvttps_epi32(in_range);
+            __m256i round_up = _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ));
+            __m256i level = _mm256_add_epi32(_mm256_sub_epi32(truncated, round_up), one);  // round_up is -1 or 0
+            __m256 negative = _mm256_cmp_ps(xv, zero, _CMP_LT_OQ);
+            __m256 is_one = _mm256_castsi256_ps(_mm256_cmpeq_epi32(level, one));
+            __m256 level1 = _mm256_and_ps(usable, is_one), binned = _mm256_andnot_ps(is_one, usable);
+            __m256 centre = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(level, two)), step), centre_2);
+            __m256 offset = _mm256_mul_ps(_mm256_blendv_ps(_mm256_sub_ps(magnitude, centre), magnitude, level1), scale);
+            offset = _mm256_max_ps(_mm256_min_ps(offset, limit), minus_limit);  // min/max: a < b ? a : b, as the portable selects
+            __m256i units = _mm256_cvttps_epi32(offset);
+            __m256i l1p = _mm256_castps_si256(_mm256_andnot_ps(negative, level1));
+            __m256i l1n = _mm256_castps_si256(_mm256_and_ps(negative, level1));
+            __m256i b2p = _mm256_castps_si256(_mm256_andnot_ps(negative, binned));
+            __m256i b2n = _mm256_castps_si256(_mm256_and_ps(negative, binned));
+            s1p = _mm256_add_epi32(s1p, _mm256_and_si256(l1p, units)), n1p = _mm256_sub_epi32(n1p, l1p);
+            s1n = _mm256_add_epi32(s1n, _mm256_and_si256(l1n, units)), n1n = _mm256_sub_epi32(n1n, l1n);
+            s2p = _mm256_add_epi32(s2p, _mm256_and_si256(b2p, units)), n2p = _mm256_sub_epi32(n2p, b2p);
+            s2n = _mm256_add_epi32(s2n, _mm256_and_si256(b2n, units)), n2n = _mm256_sub_epi32(n2n, b2n);
+        }
+        sums[0] += hp_sum8_i64(n1p), sums[1] += hp_sum8_i64(s1p), sums[2] += hp_sum8_i64(n1n), sums[3] += hp_sum8_i64(s1n);
+        sums[4] += hp_sum8_i64(n2p), sums[5] += hp_sum8_i64(s2p), sums[6] += hp_sum8_i64(n2n), sums[7] += hp_sum8_i64(s2n);
+    }
+}
+#endif
+
 // Verification in float64, as hpcdl.compress.check_bound judges: the decoded value y (already rounded to the
 // input dtype) is within the bound of x and has x's sign. Sets *q to the code or 0, and *outlier when x must be
 // stored exactly: NaN, +-Inf, -0.0, levels past HPCDL_MAX_Q, and values whose decoding breaks the bound, zero or

@@ -110,10 +110,11 @@ class SzParams:
         sample = _sample(tensor)
         for slack in SLACKS:
             trial = cls(mode, bound, eb, 0, step=2.0 * eb * (1.0 - slack))
-            offsets = _mean_offsets(stats(sample, trial), eb)
-            if max(map(abs, offsets)) <= SLACK_MARGIN * slack * eb:
+            sums = stats(sample, trial)
+            if max(map(abs, _mean_offsets(sums, eb))) <= SLACK_MARGIN * slack * eb:
                 break
-        return trial.with_means(stats(tensor, trial))
+        # a sample that is the whole tensor already measured the chosen slack's sums: no second full pass
+        return trial.with_means(sums if sample is tensor else stats(tensor, trial))
 
     def with_means(self, sums: Sequence[int]) -> SzParams:
         """abs/rel parameters whose sub and base decode to the means the 8 sz_stats ``sums`` measured."""
