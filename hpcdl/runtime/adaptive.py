@@ -16,6 +16,9 @@ below ``alpha`` times that module's squared gradient norm. The model (docs/adapt
   sizes (the split that minimises the total bits when bits grow like ``log(1 / eb)``):
   ``eb_i^2 = min_m 3 * alpha * ||g_m||^2 * n_i / (sum_j n_j) / (kappa_i * S_im)``.
 
+With ``budget=`` (a memory size) the bounds instead minimise the predicted error under a byte budget for a
+step's saved tensors (:mod:`hpcdl.runtime.budget`).
+
 Probes run on step 0, then every ``probe_every`` steps, and soon after a slot appears that was never
 measured. ``||g_m||`` comes from :meth:`Policy.record_gradients` (after the distributed reduction); the
 probes' measurements are averaged over ranks through ``torch.distributed`` when it is initialised, so every
