@@ -144,6 +144,8 @@ class AdaptiveController(Controller):
         self.probe_seconds = 0.0  # wall time spent in probes (not state: it differs between runs)
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
+        self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
+        self._unreported = False  # a probe decided since the last report()
 
     # -- the Controller interface -------------------------------------------------------------------------
     def choose(self, info: SavedTensorInfo) -> dict | None:
@@ -208,6 +210,9 @@ class AdaptiveController(Controller):
                 slot.kappa = record.trial_mse / (record.trial_bound ** 2 / 3) if record.trial_bound > 0 else 0.0
                 if slot.closed_form and key in closed:
                     slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
+            in_effect = {key: slot.bound for key, slot in self.slots.items() if slot.bound > 0 and key in exact.slots}
+            measured_now = (_deviation(replayer.run(RecordingPolicy(perturb=in_effect)), exact, owners)
+                            if in_effect else {})
             for key in self._to_measure(exact.slots):
                 record = exact.slots[key]
                 if record.trial_mse <= 0:
@@ -224,8 +229,47 @@ class AdaptiveController(Controller):
             if key not in exact.slots:
                 del self.slots[key]  # no longer saved (the model changed)
         self._reduce_over_ranks(capture)
+        self.check = self._check(in_effect, measured_now, grad_stats, capture)
         self.probes += 1
         self.decide(grad_stats)
+        self._unreported = True
+
+    def _check(self, in_effect: Mapping[str, float], measured: Mapping[str, float],
+               grad_stats: Mapping[str, GradStat], capture: Capture) -> dict[str, dict[str, float]]:
+        """Per module, the squared gradient error the bounds in effect before this probe were predicted to cause
+        (with this probe's sensitivities) and the one a replay with all of them compressed measured (averaged over
+        ranks and divided by the world size, like the sensitivities), and the squared gradient norm."""
+        if not in_effect:
+            return {}
+        modules = sorted(set(measured) | {m for key in in_effect for m in self.slots[key].sensitivity})
+        mean, world = _mean_over_ranks([measured.get(m, 0.0) for m in modules],
+                                       next((p.device for p in capture.model.parameters()), torch.device("cpu")))
+        predicted = {m: 0.0 for m in modules}
+        for key, bound in in_effect.items():
+            slot = self.slots[key]
+            for module, sensitivity in slot.sensitivity.items():
+                predicted[module] += sensitivity * slot.kappa * bound ** 2 / 3
+        return {m: {"predicted": predicted[m], "measured": value / world,
+                    "grad_sq": grad_stats[m].norm ** 2 if m in grad_stats else 0.0}
+                for m, value in zip(modules, mean)}
+
+    def report(self) -> dict | None:
+        """After a probe: each slot's codec and bound, the bounds' predicted (and, in budget mode, bytes), and the
+        check of the bounds in effect before the probe (:meth:`_check`); totals as scalars for the loggers."""
+        if not self._unreported:
+            return None
+        self._unreported = False
+        slots = {key: {"codec": spec_from_config(sz_abs(slot.bound)) if slot.bound > 0 else "none",
+                       "bound": slot.bound, "rel": slot.bound / slot.value_range if slot.value_range > 0 else 0.0}
+                 for key, slot in self.slots.items()}
+        record: dict = {"probe": self.probes, "slots": slots, "predicted_error": self.predicted_error(),
+                        "check": self.check}
+        if self.check:
+            record["check_predicted_total"] = sum(row["predicted"] for row in self.check.values())
+            record["check_measured_total"] = sum(row["measured"] for row in self.check.values())
+        if self.options.budget:
+            record["budget_bytes"], record["predicted_bytes"] = self.options.budget, self.predicted_bytes()
+        return record
 
     def _to_measure(self, seen: Mapping[str, object]) -> list[str]:
         """Slots to perturb this probe: every one never measured, then the oldest measured ones (closed forms,
