@@ -14,6 +14,8 @@ A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like th
    * the *exact* replay keeps every tensor as it is and records, per slot, its size, range, zero count and the
      mean squared error of an ``sz`` abs trial encode at the slot's probe bound; and, per call of a Linear or
      Conv layer, which slot its input is and the squared norm of its output gradient (for the closed form);
+   * in the adaptive controller's budget mode the exact replay also records each slot's packed ``sz`` bytes at
+     a ladder of bounds (``size_rels``), and the bytes of everything saved (``Replay.held_bytes``);
    * a *perturbed* replay compresses one slot with ``sz`` at its probe bound and keeps the rest exact; its
      gradients minus the exact ones are that slot's measured effect, per module.
 
