@@ -184,3 +184,24 @@ def test_specs_and_configs_name_the_adaptive_policy():
     with pytest.raises(ConfigError, match="without compression.per_module"):
         load_config("hpcdl/configs/hep-jets.yaml", ["compression.method=codec",
                                                     "compression.per_module={'x*': {id: adaptive}}"])
+
+
+def test_a_training_run_writes_the_controllers_decisions_to_its_metrics(tmp_path):
+    from hpcdl.train import load_config, run_training
+
+    config = load_config("hep-particles", overrides=[
+        "data.dataset=synthetic", "data.synthetic_samples=64", "model.scale=tiny", "train.batch=16",
+        "train.steps_per_epoch=4", "train.epochs=1", "logging.progress=false", "compression.method=codec",
+        "compression.codec={id: adaptive, probe_every: 2, budget: 1MiB}"])
+    run_training(config, run_dir=tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    decisions = [record for record in records if record["kind"] == "compression"]
+    assert [record["step"] for record in decisions] == [1, 3]  # after the probes of steps 0 and 2
+    assert [record["probe"] for record in decisions] == [1, 2]
+    first, second = decisions
+    assert first["check"] == {}  # nothing compressed before the first probe
+    assert any(slot["codec"].startswith("sz:abs=") and slot["bound"] > 0 for slot in second["slots"].values())
+    assert second["predicted_bytes"] <= second["budget_bytes"] == 2**20
+    check = second["check"]  # the first probe's bounds, predicted and measured with the second probe's replays
+    assert check and all({"predicted", "measured", "grad_sq"} <= set(row) for row in check.values())
+    assert 0.2 <= second["check_measured_total"] / second["check_predicted_total"] <= 5

@@ -16,6 +16,9 @@ below ``alpha`` times that module's squared gradient norm. The model (docs/adapt
   sizes (the split that minimises the total bits when bits grow like ``log(1 / eb)``):
   ``eb_i^2 = min_m 3 * alpha * ||g_m||^2 * n_i / (sum_j n_j) / (kappa_i * S_im)``.
 
+With ``budget=`` (a memory size) the bounds instead minimise the predicted error under a byte budget for a
+step's saved tensors (:mod:`hpcdl.runtime.budget`).
+
 Probes run on step 0, then every ``probe_every`` steps, and soon after a slot appears that was never
 measured. ``||g_m||`` comes from :meth:`Policy.record_gradients` (after the distributed reduction); the
 probes' measurements are averaged over ranks through ``torch.distributed`` when it is initialised, so every
@@ -27,11 +30,13 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
+from hpcdl.runtime import budget
 from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import (
     Controller,
@@ -42,6 +47,7 @@ from hpcdl.runtime.policy import (
     spec_from_config,
 )
 from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, sz_abs
+from hpcdl.units import human_bytes, parse_bytes
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
 CLOSED_FORM_TOLERANCE = 2.0
@@ -60,6 +66,7 @@ class AdaptiveOptions:
     reruns: int = 4           # measured (not closed-form) slots re-measured per probe after the first, oldest first
     probe_rel: float = 1e-2   # first probe bound of a slot never measured, as a fraction of its value range
     max_rel: float = 0.1      # no bound above this fraction of the slot's value range
+    budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
 
     @classmethod
     def parse(cls, options: Mapping) -> AdaptiveOptions:
@@ -70,6 +77,12 @@ class AdaptiveOptions:
                                   "(e.g. 'adaptive:alpha=1e-2,probe_every=100')")
         values: dict = {}
         for name, value in options.items():
+            if name == "budget":
+                try:
+                    values[name] = parse_bytes(value)
+                except (TypeError, ValueError) as err:
+                    raise PolicySpecError(f"adaptive option budget is a memory size like 2GiB or 500000000: {err}") from None
+                continue
             integral = known[name] == "int"
             if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
                 raise PolicySpecError(f"adaptive option {name} must be {'an integer' if integral else 'a number'}, "
@@ -98,6 +111,8 @@ class Slot:
     measured_at: int = -1            # probe number of the last perturbed measurement (-1: never)
     measured_bound: float = 0.0      # the bound that measurement compressed with
     bound: float = 0.0               # the decided sz abs bound (0: keep the tensor as it is)
+    nbytes: int = 0                  # the tensor's bytes uncompressed
+    sizes: list[float] = field(default_factory=list)  # budget mode: packed bytes at budget.size_rels(max_rel)
 
 
 def _on_grid(bound: float) -> float:
@@ -127,6 +142,10 @@ class AdaptiveController(Controller):
         self.names = SlotNames()
         self.capture: Capture | None = None
         self.probe_seconds = 0.0  # wall time spent in probes (not state: it differs between runs)
+        self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
+        self.budget_warned = False
+        self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
+        self._unreported = False  # a probe decided since the last report()
 
     # -- the Controller interface -------------------------------------------------------------------------
     def choose(self, info: SavedTensorInfo) -> dict | None:
@@ -161,7 +180,7 @@ class AdaptiveController(Controller):
 
     def state_dict(self) -> dict:
         return {"options": asdict(self.options), "probes": self.probes, "next_probe": self.next_probe,
-                "slots": {key: asdict(slot) for key, slot in self.slots.items()}}
+                "fixed_bytes": self.fixed_bytes, "slots": {key: asdict(slot) for key, slot in self.slots.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         try:
@@ -171,6 +190,7 @@ class AdaptiveController(Controller):
             raise ValueError(f"an adaptive controller state is {{'options', 'probes', 'next_probe', 'slots'}} as "
                              f"AdaptiveController.state_dict() writes it; this one fails with {err!r}") from None
         self.slots, self.probes, self.next_probe = slots, probes, next_probe
+        self.fixed_bytes = float(state.get("fixed_bytes", 0.0))
 
     # -- probing and deciding -----------------------------------------------------------------------------
     def probe(self, capture: Capture, grad_stats: Mapping[str, GradStat]) -> None:
@@ -178,15 +198,21 @@ class AdaptiveController(Controller):
         replayer = Replayer(capture)
         owners = _owners(capture.model, replayer.params)
         with replayer.restored():
-            exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel),
-                                 layer_calls=[])
+            rels = budget.size_rels(self.options.max_rel) if self.options.budget else ()
+            exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel,
+                                                 size_rels=rels), layer_calls=[])
             closed = _closed_forms(exact)
+            self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
             for key, record in exact.slots.items():
                 slot = self.slots.setdefault(key, Slot())
                 slot.numel, slot.value_range = record.numel, record.value_range
+                slot.nbytes, slot.sizes = record.nbytes, [float(size) for size in record.sizes]
                 slot.kappa = record.trial_mse / (record.trial_bound ** 2 / 3) if record.trial_bound > 0 else 0.0
                 if slot.closed_form and key in closed:
                     slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
+            in_effect = {key: slot.bound for key, slot in self.slots.items() if slot.bound > 0 and key in exact.slots}
+            measured_now = (_deviation(replayer.run(RecordingPolicy(perturb=in_effect)), exact, owners)
+                            if in_effect else {})
             for key in self._to_measure(exact.slots):
                 record = exact.slots[key]
                 if record.trial_mse <= 0:
@@ -203,8 +229,47 @@ class AdaptiveController(Controller):
             if key not in exact.slots:
                 del self.slots[key]  # no longer saved (the model changed)
         self._reduce_over_ranks(capture)
+        self.check = self._check(in_effect, measured_now, grad_stats, capture)
         self.probes += 1
         self.decide(grad_stats)
+        self._unreported = True
+
+    def _check(self, in_effect: Mapping[str, float], measured: Mapping[str, float],
+               grad_stats: Mapping[str, GradStat], capture: Capture) -> dict[str, dict[str, float]]:
+        """Per module, the squared gradient error the bounds in effect before this probe were predicted to cause
+        (with this probe's sensitivities) and the one a replay with all of them compressed measured (averaged over
+        ranks and divided by the world size, like the sensitivities), and the squared gradient norm."""
+        if not in_effect:
+            return {}
+        modules = sorted(set(measured) | {m for key in in_effect for m in self.slots[key].sensitivity})
+        mean, world = _mean_over_ranks([measured.get(m, 0.0) for m in modules],
+                                       next((p.device for p in capture.model.parameters()), torch.device("cpu")))
+        predicted = {m: 0.0 for m in modules}
+        for key, bound in in_effect.items():
+            slot = self.slots[key]
+            for module, sensitivity in slot.sensitivity.items():
+                predicted[module] += sensitivity * slot.kappa * bound ** 2 / 3
+        return {m: {"predicted": predicted[m], "measured": value / world,
+                    "grad_sq": grad_stats[m].norm ** 2 if m in grad_stats else 0.0}
+                for m, value in zip(modules, mean)}
+
+    def report(self) -> dict | None:
+        """After a probe: each slot's codec and bound, the bounds' predicted (and, in budget mode, bytes), and the
+        check of the bounds in effect before the probe (:meth:`_check`); totals as scalars for the loggers."""
+        if not self._unreported:
+            return None
+        self._unreported = False
+        slots = {key: {"codec": spec_from_config(sz_abs(slot.bound)) if slot.bound > 0 else "none",
+                       "bound": slot.bound, "rel": slot.bound / slot.value_range if slot.value_range > 0 else 0.0}
+                 for key, slot in self.slots.items()}
+        record: dict = {"probe": self.probes, "slots": slots, "predicted_error": self.predicted_error(),
+                        "check": self.check}
+        if self.check:
+            record["check_predicted_total"] = sum(row["predicted"] for row in self.check.values())
+            record["check_measured_total"] = sum(row["measured"] for row in self.check.values())
+        if self.options.budget:
+            record["budget_bytes"], record["predicted_bytes"] = self.options.budget, self.predicted_bytes()
+        return record
 
     def _to_measure(self, seen: Mapping[str, object]) -> list[str]:
         """Slots to perturb this probe: every one never measured, then the oldest measured ones (closed forms,
@@ -220,6 +285,8 @@ class AdaptiveController(Controller):
         modules = sorted({m for key in keys for m in self.slots[key].sensitivity})
         flat = [v for key in keys for v in (self.slots[key].kappa, self.slots[key].value_range)]
         flat += [self.slots[key].sensitivity.get(m, 0.0) for key in keys for m in modules]
+        sized = [key for key in keys if self.slots[key].sizes]  # budget mode: the same ladder on every rank
+        flat += [size for key in sized for size in self.slots[key].sizes] + [self.fixed_bytes]
         device = next((p.device for p in capture.model.parameters()), torch.device("cpu"))
         mean, world = _mean_over_ranks(flat, device)
         if world == 1:
@@ -229,9 +296,17 @@ class AdaptiveController(Controller):
             slot.kappa, slot.value_range = mean[2 * index], mean[2 * index + 1]
             row = mean[2 * len(keys) + index * len(modules):2 * len(keys) + (index + 1) * len(modules)]
             slot.sensitivity = {m: s / world for m, s in zip(modules, row) if s > 0}
+        start = 2 * len(keys) + len(keys) * len(modules)
+        for key in sized:
+            count = len(self.slots[key].sizes)
+            self.slots[key].sizes, start = mean[start:start + count], start + count
+        self.fixed_bytes = mean[start]
 
     def decide(self, grad_stats: Mapping[str, GradStat]) -> None:
         """Each slot's bound from the budget (module docstring); slots that reach no module get the cap."""
+        if self.options.budget:
+            self.decide_for_bytes(grad_stats)
+            return
         reach: dict[str, int] = {}
         for slot in self.slots.values():
             for module in slot.sensitivity:
@@ -245,6 +320,46 @@ class AdaptiveController(Controller):
                        if s > 0 and slot.kappa > 0 and m in grad_stats and grad_stats[m].norm > 0]
             bound = min([math.sqrt(square) for square in squares] + [cap])
             slot.bound = _on_grid(bound) if bound > 0 else 0.0
+
+    def choices(self, grad_stats: Mapping[str, GradStat]) -> dict[str, list[budget.Choice]]:
+        """Budget mode: each slot's candidate bounds with predicted bytes and error (:func:`budget.choices`)."""
+        rels = budget.size_rels(self.options.max_rel)
+        return {key: budget.choices(slot.nbytes, slot.value_range, rels, slot.sizes,
+                                    budget.error_weight(slot.sensitivity, grad_stats) * slot.kappa / 3)
+                for key, slot in self.slots.items()}
+
+    def decide_for_bytes(self, grad_stats: Mapping[str, GradStat]) -> None:
+        """Budget mode: the bounds of least predicted error whose predicted bytes fit ``options.budget``
+        (:func:`budget.allocate`); warns once when even the loosest bounds do not fit.
+
+        sz's error model is less sure far above the bound a sensitivity was measured at (see :meth:`decide`), but
+        the byte budget is the hard limit here, so the growth cap does not apply: the next probe measures there.
+        """
+        options = self.choices(grad_stats)
+        chosen = budget.allocate(options, self.options.budget * (1 - budget.HEADROOM), self.fixed_bytes)
+        for key, index in chosen.items():
+            self.slots[key].bound = options[key][index].bound
+        least = budget.total_bytes(options, {key: len(o) - 1 for key, o in options.items()}, self.fixed_bytes)
+        if least > self.options.budget and not self.budget_warned:
+            self.budget_warned = True
+            warnings.warn(
+                f"adaptive budget {human_bytes(self.options.budget)} cannot be met: even the loosest bounds "
+                f"(max_rel={self.options.max_rel} of each saved tensor's range) are predicted to need "
+                f"{human_bytes(least)} ({human_bytes(self.fixed_bytes)} of it tensors no codec touches); using "
+                f"those bounds. Raise the budget to at least {human_bytes(least)}, raise max_rel, or use a smaller "
+                "batch or activation checkpointing", budget.AdaptiveBudgetWarning, stacklevel=2)
+
+    def predicted_bytes(self) -> float:
+        """Budget mode: the packed bytes of a step's saved tensors the current bounds are predicted to take."""
+        rels = budget.size_rels(self.options.max_rel)
+        total = self.fixed_bytes
+        for slot in self.slots.values():
+            if slot.bound > 0 and slot.sizes and slot.value_range > 0:
+                rel = min(max(slot.bound / slot.value_range, min(rels)), max(rels))
+                total += min(budget.packed_bytes(rels, slot.sizes, rel), slot.nbytes)
+            else:
+                total += slot.nbytes
+        return total
 
     def predicted_error(self) -> dict[str, float]:
         """Per module, the squared gradient error the current bounds are predicted to cause (sum_i S_im v_i)."""

@@ -107,6 +107,11 @@ class Controller(ABC):
         """A short name for logs and run records: a method spec where there is one, else the class name."""
         return type(self).__name__
 
+    def report(self) -> dict | None:
+        """What the controller decided since the last call, as plain data for the run's metrics (the trainer
+        writes it to metrics.jsonl as a ``"compression"`` record); None when nothing changed (the default)."""
+        return None
+
     def state_dict(self) -> dict:
         """What this controller learned, as plain data (numbers, strings, lists, dicts); default nothing."""
         return {}

@@ -14,6 +14,8 @@ A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like th
    * the *exact* replay keeps every tensor as it is and records, per slot, its size, range, zero count and the
      mean squared error of an ``sz`` abs trial encode at the slot's probe bound; and, per call of a Linear or
      Conv layer, which slot its input is and the squared norm of its output gradient (for the closed form);
+   * in the adaptive controller's budget mode the exact replay also records each slot's packed ``sz`` bytes at
+     a ladder of bounds (``size_rels``), and the bytes of everything saved (``Replay.held_bytes``);
    * a *perturbed* replay compresses one slot with ``sz`` at its probe bound and keeps the rest exact; its
      gradients minus the exact ones are that slot's measured effect, per module.
 
@@ -126,6 +128,8 @@ class SlotRecord:
     trial_bound: float = 0.0
     trial_mse: float = 0.0  # mean squared error of an sz abs encode at trial_bound
     storage: tuple = ()
+    nbytes: int = 0         # the tensor's bytes as autograd would hold it
+    sizes: list[int] = field(default_factory=list)  # sz abs packed bytes at each of the policy's size_rels
 
 
 @dataclass
@@ -145,6 +149,7 @@ class Replay:
     grads: list[torch.Tensor | None]
     slots: dict[str, SlotRecord] = field(default_factory=dict)
     layer_calls: list[LayerCall] = field(default_factory=list)
+    held_bytes: int = 0  # what the replay's session counted as held (packed or kept), every saved tensor once
 
 
 def _storage_of(tensor: torch.Tensor) -> tuple:
@@ -160,10 +165,11 @@ class RecordingPolicy(Policy):
     """The replay's policy: names each slot as training does; records it (exact replay) or compresses one slot."""
 
     def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
-                 perturb: dict[str, float] | None = None):
+                 perturb: dict[str, float] | None = None, size_rels: tuple[float, ...] = ()):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
+        self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
         self.perturb = perturb or {}
         self.slots: dict[str, SlotRecord] = {}
         self._key = ""
@@ -185,13 +191,15 @@ class RecordingPolicy(Policy):
         finite = data[torch.isfinite(data)] if not bool(torch.isfinite(data).all()) else data
         low, high = (finite.aminmax() if finite.numel() else (torch.zeros(()), torch.zeros(())))
         record = SlotRecord(numel=data.numel(), value_range=float(high - low), nonzero=int(torch.count_nonzero(data)),
-                            storage=_storage_of(tensor))
+                            storage=_storage_of(tensor), nbytes=data.numel() * data.element_size())
         record.trial_bound = bound if bound else record.value_range * self.probe_rel
+        source = data.contiguous()
         if record.trial_bound > 0:
             codec = self.codec(sz_abs(record.trial_bound))
-            source = data.contiguous()
             error = codec.decode(codec.encode(source)).double() - source.double()
             record.trial_mse = float(error[torch.isfinite(error)].square().mean()) if error.numel() else 0.0
+        if record.value_range > 0:
+            record.sizes = [self.codec(sz_abs(rel * record.value_range)).encode(source).nbytes for rel in self.size_rels]
         return record
 
 
@@ -258,8 +266,8 @@ class Replayer:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
         watching = _layer_calls(self.model, layer_calls) if layer_calls is not None else contextlib.nullcontext()
         with torch.enable_grad(), watching:
-            with compressed(self.model, policy, threshold=capture.threshold):
+            with compressed(self.model, policy, threshold=capture.threshold) as session:
                 outputs = _tensors(self.model(*capture.args, **capture.kwargs))
             pairs = [(outputs[i], g) for i, g in sorted(capture.output_grads.items()) if i < len(outputs)]
             grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True)
-        return Replay(list(grads), policy.slots, layer_calls or [])
+        return Replay(list(grads), policy.slots, layer_calls or [], session.stats.packed_bytes)

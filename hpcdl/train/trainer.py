@@ -327,6 +327,7 @@ class _Run:
                     bar.update(self.step, epoch, loss)
                     if self.step % every_log == 0:
                         self._log_step(epoch, loss, step_times[-1], stats, peak)
+                    self._log_compression(epoch)
                     if every_ckpt and self.step % every_ckpt == 0 and self.step < self.total_steps:
                         self._save()
                     self._stop_if_signalled()
@@ -357,6 +358,13 @@ class _Run:
             "activation_ratio": stats.ratio if self.policy is not None else None,
             "peak_memory_bytes": peak.bytes(),
         })
+
+    def _log_compression(self, epoch: int) -> None:
+        """A ``"compression"`` record of what the policy's controller decided, whenever it reports something
+        (the adaptive controller: after each probe; docs/adaptive.md)."""
+        report = self.policy.controller.report() if self.policy is not None else None
+        if report is not None:
+            self.log.log({"kind": "compression", "step": self.step, "epoch": epoch, **report})
 
     def _batch_search_record(self) -> dict | None:
         search = self.batch_search
