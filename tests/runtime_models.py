@@ -1,4 +1,4 @@
-"""Small models and picklable factories for the runtime and memory tests.
+"""Small models, picklable factories and a failing codec for the runtime and memory tests.
 
 They live here (not in the model zoo) so the tests pin exactly the layers the
 runtime must handle; hpcdl.memory's subprocesses import this module by name,
@@ -10,6 +10,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hpcdl.compress import Codec, register_codec
+
+
+@register_codec
+class ExplodingCodec(Codec):
+    """``{"id": "test-exploding"}``: raises on every encode, so the runtime's fallback path runs."""
+
+    codec_id = "test-exploding"
+    modes = ("lossless",)
+    dtypes = frozenset({torch.float32})
+    lossless = True
+
+    def get_config(self):
+        return {"id": self.codec_id}
+
+    def _encode(self, tensor):
+        raise RuntimeError("boom")
+
+    def _decode(self, packed):
+        raise AssertionError("never packed")
 
 
 class ResidualCNN(nn.Module):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hpcdl
-from hpcdl.compress import Codec, UnknownCodecError, register_codec
+from hpcdl.compress import UnknownCodecError, register_codec
 from hpcdl.compress.raw import Raw
 from hpcdl.runtime import (
     CompressionFallbackWarning,
@@ -25,7 +25,7 @@ from hpcdl.runtime import (
     spec_from_config,
 )
 
-from runtime_models import Recurrent, ResidualCNN, TransformerBlock
+from runtime_models import ExplodingCodec, Recurrent, ResidualCNN, TransformerBlock
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
@@ -224,23 +224,6 @@ def test_adaptive_controller_sees_step_and_last_gradients():
 
 
 @register_codec
-class _Exploding(Codec):
-    codec_id = "test-exploding"
-    modes = ("lossless",)
-    dtypes = frozenset({torch.float32})
-    lossless = True
-
-    def get_config(self):
-        return {"id": self.codec_id}
-
-    def _encode(self, tensor):
-        raise RuntimeError("boom")
-
-    def _decode(self, packed):
-        raise AssertionError("never packed")
-
-
-@register_codec
 class _Lying(Raw):
     """Claims an error bound, then adds far more error than it allows."""
 
@@ -263,7 +246,7 @@ class _Lying(Raw):
 def test_failing_codec_keeps_tensors_raw_warns_once_per_module_and_counts():
     model, x, y, loss_fn = _case("cnn")
     expected, _ = _grads(model, x, y, loss_fn)
-    policy = Policy.static({"id": "test-exploding"}, indices={"id": "raw"})
+    policy = Policy.static({"id": ExplodingCodec.codec_id}, indices={"id": "raw"})
     with pytest.warns(CompressionFallbackWarning, match="boom") as record:
         got, session = _grads(model, x, y, loss_fn, policy, threshold=0)
     _assert_identical(expected, got)

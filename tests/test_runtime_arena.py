@@ -19,7 +19,7 @@ from hpcdl.compress import Codec, Packed, get_codec, register_codec
 from hpcdl.runtime import CompressionFallbackWarning, Policy, VerificationError, compressed
 from hpcdl.runtime.arena import STEPS_PER_OCTAVE, member_codec
 
-from runtime_models import LSTMCellTagger, RecurrentTagger, ResidualCNN, tagger_batch
+from runtime_models import ExplodingCodec, LSTMCellTagger, RecurrentTagger, ResidualCNN, tagger_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
@@ -303,23 +303,6 @@ def test_arena_bytes_must_be_a_size():
 # -- failures ---------------------------------------------------------------------------------------------------
 
 @register_codec
-class _ExplodingFloats(Codec):
-    codec_id = "test-arena-exploding"
-    modes = ("lossless",)
-    dtypes = frozenset({torch.float32})
-    lossless = True
-
-    def get_config(self):
-        return {"id": self.codec_id}
-
-    def _encode(self, tensor):
-        raise RuntimeError("arena boom")
-
-    def _decode(self, packed):
-        raise AssertionError("never packed")
-
-
-@register_codec
 class _Lying(Codec):
     """Claims an abs bound, then adds far more error than it allows (and stores half precision, so it packs)."""
 
@@ -344,8 +327,8 @@ class _Lying(Codec):
 def test_a_failing_codec_keeps_the_arena_raw_warns_and_counts():
     model, xs = _three_members()
     expected = torch.autograd.grad(model(None), xs)
-    with pytest.warns(CompressionFallbackWarning, match="arena boom"):
-        with compressed(model, Policy.static({"id": "test-arena-exploding"})) as session:
+    with pytest.warns(CompressionFallbackWarning, match="boom"):
+        with compressed(model, Policy.static({"id": ExplodingCodec.codec_id})) as session:
             loss = model(None)
     assert session.stats.fallbacks == 3
     assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(loss, xs), expected))
