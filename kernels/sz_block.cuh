@@ -288,6 +288,20 @@ HPCDL_HD_INLINE void hp_sz_stat_lanes(const typename D::S* xb, int count, const 
 // same IEEE operations per element (code, bin centre, offset, clamp, truncation), with the lanes' int32 sums kept
 // in vectors for up to 64 blocks (|units| <= 2^21 per element, so at most 2^28 per lane) and then added to sums.
 // Integer sums do not depend on the order of addition, so the sums are those of the portable loop.
+// The quantizer's level of 16 float32 magnitudes, as the portable code computes it: 1 + ceil((|x| - eb) * inv),
+// so 1 for 0 < |x| <= eb; `usable` gets the lanes that have a level (nonzero, at most HPCDL_MAX_Q). One definition
+// for the statistics pass and the quantizer, which must agree lane for lane.
+inline __m512i hp_level16_f32(__m512 magnitude, __m512 eb, __m512 inv, __m512 max_scaled, __mmask16* usable) {
+    const __m512 zero = _mm512_setzero_ps();
+    const __m512i one = _mm512_set1_epi32(1);
+    // max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
+    __m512 scaled = _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(magnitude, eb), zero), inv);
+    *usable = _mm512_cmp_ps_mask(magnitude, zero, _CMP_GT_OQ) & _mm512_cmp_ps_mask(scaled, max_scaled, _CMP_LE_OQ);
+    __m512 in_range = _mm512_maskz_mov_ps(*usable, scaled);
+    __m512i truncated = _mm512_cvttps_epi32(in_range);
+    __mmask16 round_up = _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ);
+    return _mm512_add_epi32(_mm512_mask_add_epi32(truncated, round_up, truncated, one), one);
+}
 // The sum of 16 int32 lanes, in int64 (16 lanes of up to 2^28 overflow int32).
 inline hp_i64 hp_sum16_i64(__m512i lanes) {
     return (hp_i64)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(lanes)),
@@ -307,13 +321,8 @@ inline void hp_sz_stats32_f32_abs(const float* x, hp_i64 blocks, const HpSzParam
         for (hp_i64 v = 2 * first; v < 2 * last; ++v) {
             __m512 xv = _mm512_loadu_ps(x + 16 * v);
             __m512 magnitude = _mm512_abs_ps(xv);
-            __m512 scaled = _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(magnitude, eb), zero), inv);
-            __mmask16 usable = _mm512_cmp_ps_mask(magnitude, zero, _CMP_GT_OQ) &
-                               _mm512_cmp_ps_mask(scaled, max_scaled, _CMP_LE_OQ);
-            __m512 in_range = _mm512_maskz_mov_ps(usable, scaled);
-            __m512i truncated = _mm512_cvttps_epi32(in_range);
-            __mmask16 round_up = _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ);
-            __m512i level = _mm512_add_epi32(_mm512_mask_add_epi32(truncated, round_up, truncated, one), one);
+            __mmask16 usable;
+            __m512i level = hp_level16_f32(magnitude, eb, inv, max_scaled, &usable);
             __mmask16 negative = _mm512_cmp_ps_mask(xv, zero, _CMP_LT_OQ);
             __mmask16 level1 = usable & _mm512_cmpeq_epi32_mask(level, one), binned = usable & ~level1;
             __m512 centre = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(level, two)), step), centre_2);
@@ -711,14 +720,8 @@ inline hp_u32 hp_sz_quantize32_f32_abs(const float* xb, const HpSzParams& p, hp_
     for (int half = 0; half < 2; ++half) {
         __m512 x = _mm512_loadu_ps(xb + 16 * half);
         __m512 magnitude_x = _mm512_abs_ps(x);
-        // max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
-        __m512 scaled = _mm512_mul_ps(_mm512_max_ps(_mm512_sub_ps(magnitude_x, eb), zero), inv);
-        __mmask16 usable = _mm512_cmp_ps_mask(magnitude_x, zero, _CMP_GT_OQ) &
-                           _mm512_cmp_ps_mask(scaled, max_scaled, _CMP_LE_OQ);
-        __m512 in_range = _mm512_maskz_mov_ps(usable, scaled);
-        __m512i truncated = _mm512_cvttps_epi32(in_range);
-        __mmask16 round_up = _mm512_cmp_ps_mask(_mm512_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ);
-        __m512i level = _mm512_add_epi32(_mm512_mask_add_epi32(truncated, round_up, truncated, one), one);
+        __mmask16 usable;
+        __m512i level = hp_level16_f32(magnitude_x, eb, inv, max_scaled, &usable);
         __mmask16 negative = _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ);
         __m512i code = _mm512_maskz_mov_epi32(usable, _mm512_mask_sub_epi32(level, negative, _mm512_setzero_si512(), level));
         // decoded value: level 1 -> sub, else (level - 2) * step + base, of x's sign; 0 where the code is 0
