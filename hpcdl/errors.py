@@ -6,17 +6,19 @@
 user gave (a config, a value, a file: like argparse's own usage errors), 1 for a run that started
 correctly and then failed.
 
-The classes, by layer (see docs/architecture.md):
+The classes, by layer (see docs/architecture.md); ``tests/test_errors.py`` fails when a class defined in
+hpcdl is missing here or does not derive from :class:`HpcdlError`:
 
 - compress: ``CodecError``, ``UnknownCodecError`` (:mod:`hpcdl.compress.errors`)
 - data: ``DataError`` and its ``MissingFileError``, ``TruncatedFileError``, ``MalformedFileError``,
-  ``ShapeError``, ``LabelRangeError``, ``ChecksumError`` (:mod:`hpcdl.data.errors`)
-- models: ``ModelError`` (:mod:`hpcdl.models.registry`)
+  ``ShapeError``, ``ValueRangeError`` (and its ``LabelRangeError``), ``NonFiniteError``, ``ChecksumError``
+  (:mod:`hpcdl.data.errors`)
+- models: ``ModelError``, ``ModelOptionError`` (:mod:`hpcdl.models.registry`)
 - runtime: ``PolicySpecError`` (:mod:`hpcdl.runtime.policy`); ``VerificationError``, ``ReleasedError``
   (:mod:`hpcdl.runtime.session`, exit code 1: they happen during a run)
 - train: ``ConfigError`` (:mod:`hpcdl.train.config`), ``CheckpointError`` (:mod:`hpcdl.train.checkpoint`),
   ``MethodSpecError`` (:mod:`hpcdl.train.method_spec`: the method specs the study and the benchmarks parse)
-- slurm: ``SlurmError`` (:mod:`hpcdl.slurm.systems`)
+- slurm: ``SlurmError`` (:mod:`hpcdl.slurm.errors`)
 - bench: ``MemoryBenchError`` (:mod:`hpcdl.bench.memory`)
 
 >>> from hpcdl.compress import CodecError

@@ -1,4 +1,5 @@
-"""A codec added as one module plus an entry point: found by the registry, used by `hpcdl train` and the batch search.
+"""A codec added as one module plus an entry point: found by the registry, used by `hpcdl train`, the batch search
+and a training job submitted with `hpcdl slurm submit`.
 
 The codec (``negate``, tests/plugins/hpcdl_testcodec) is registered by nothing but the ``hpcdl.codecs``
 entry point of its distribution's metadata; nothing in hpcdl or these tests imports it.
@@ -19,6 +20,9 @@ from codec_plugin import install_testcodec
 from hpcdl.compress import CodecError, UnknownCodecError, get_codec, registry
 from hpcdl.train import load_config
 from hpcdl.train.method_spec import parse_method
+
+from conftest import require
+from slurm_helpers import slurm_cluster_up, submit_cli_and_wait
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["data.dataset=synthetic", "data.synthetic_samples=32", "model.scale=tiny", "train.batch=8",
@@ -99,3 +103,21 @@ def test_the_batch_search_measures_the_plugin_codec_in_a_fresh_process(plugin):
                                  method=activation_method(config["compression"]))
     assert search.policy == "codec:negate" and search.batch_size == 2 and search.hit_limit
     assert all(report.peak_bytes > 0 for _, report in search.probes)
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+def test_a_slurm_job_trains_with_a_codec_known_only_by_its_entry_point(plugin, tmp_path, monkeypatch):
+    """The plugin is on the submitting environment's path, as an installed distribution would be: `hpcdl slurm
+    submit` checks the config (and its codec) before sbatch, and the job, which inherits that environment
+    (sbatch --export=ALL, the default), finds the codec through the entry point alone."""
+    require(slurm_cluster_up(), "a running Slurm cluster (bash tools/slurm_cluster.sh start)")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), *plugin]))
+    run_dir = tmp_path / "run"
+    args = [item for override in TINY for item in ("--set", override)]
+    job = submit_cli_and_wait(["--tasks-per-node", "1", *args, "hep-particles", "--", "--run-dir", str(run_dir)],
+                              workdir=tmp_path, timeout=300)
+    assert job.succeeded, job.log
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["method"] == "codec:negate" and summary["steps"] == 2 and summary["world_size"] == 1
+    assert summary["activation_packed_bytes"] >= summary["activation_original_bytes"] > 0

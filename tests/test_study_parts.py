@@ -220,3 +220,16 @@ def test_run_spec_is_the_old_name_of_planned_run():
 
     assert hpcdl.study.RunSpec is hpcdl.study.PlannedRun is PlannedRun and steppeak.spec_loss is steppeak.model_loss
     assert _runs(1)[0] == hpcdl.study.RunSpec("hep-cnn", "tiny", parse_method("baseline"), 0, 1, 8, "hep-jets")
+
+
+def test_the_old_study_methods_module_warns_and_gives_the_method_spec_objects():
+    import importlib
+    import sys
+
+    from hpcdl.train import method_spec
+
+    sys.modules.pop("hpcdl.study.methods", None)  # the warning comes once per import of the module
+    with pytest.warns(FutureWarning, match=r"hpcdl.study.methods is deprecated.*hpcdl.train.method_spec"):
+        old = importlib.import_module("hpcdl.study.methods")
+    assert old.__all__ and all(getattr(old, name) is getattr(method_spec, name) for name in old.__all__)
+    assert old.parse_method("sz:rel=1e-2") == method_spec.parse_method("sz:rel=1e-2")

@@ -77,18 +77,20 @@ def configure_logging(debug: bool) -> None:
 # user gave (a config, a value, a path), like argparse's own usage errors; 1 for a run that started correctly
 # and failed (hpcdl.errors.HpcdlRunError). Builtin errors that are still genuinely the user's input: a
 # ValueError from a check not yet given its own class, OverflowError (Python's for numbers too large to use,
-# like 1e400) and OSError (a path that does not exist or cannot be written): exit 2. ArithmeticError other
-# than OverflowError (the loss became NaN: FloatingPointError) ends a run that started: exit 1. Anything
-# else (a TypeError, an AssertionError) is a bug and keeps its traceback.
-USAGE_ERRORS = (ValueError, OverflowError, OSError)
-RUN_ERRORS = (ArithmeticError,)
+# like 1e400) and the OSErrors of a path the user named (it does not exist, is a directory or is not, cannot
+# be read or written): exit 2. Other OSErrors are the machine failing a run (a full disk, an I/O error, a
+# job that timed out): exit 1, as is ArithmeticError other than OverflowError (the loss became NaN:
+# FloatingPointError). Anything else (a TypeError, an AssertionError) is a bug and keeps its traceback.
+USAGE_ERRORS = (ValueError, OverflowError)
+PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+RUN_ERRORS = (ArithmeticError, OSError)
 
 
 def exit_code(err: BaseException) -> int:
     """The ``hpcdl`` command's exit status for an error it reports in one line (see NOTE [ exit codes ])."""
     if isinstance(err, HpcdlError):
         return err.exit_code
-    return 2 if isinstance(err, USAGE_ERRORS) else 1
+    return 2 if isinstance(err, (*USAGE_ERRORS, *PATH_ERRORS)) else 1
 
 
 def error_line(command: str, err: BaseException) -> str:

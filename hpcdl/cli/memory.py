@@ -32,7 +32,7 @@ def run(args) -> int:
     from hpcdl import memory
     from hpcdl.runtime.policy import policy_from_spec
     from hpcdl.runtime.session import DEFAULT_THRESHOLD
-    from hpcdl.train.summary import human_bytes
+    from hpcdl.units import human_bytes
 
     policy_from_spec(args.policy)  # refuse a bad spec before minutes of baseline measurements
     workload = memory.Workload.of(args.model, scale=args.scale, batch=args.batch_fn)

@@ -2,7 +2,7 @@
 
 Two kinds, one mechanism (:class:`SeededDataset`): :class:`RandomDataset` of ImageNet and DeepCAM
 shapes by name (``random-imagenet``...), and :class:`SyntheticDataset` of a zoo model's own input
-(``data.dataset: synthetic``, drawn by ``ModelSpec.example_batch``). Every item is drawn from a
+(``data.dataset: synthetic``, drawn by ``ModelFamily.example_batch``). Every item is drawn from a
 generator seeded by (seed, index), so the data are reproducible, every rank and epoch sees the same
 sample at the same index, and any item can be read in any order without storing anything. Labels
 are random: a model can only memorise them. ``info["random"]`` is True and ``info["note"]`` says
@@ -61,14 +61,15 @@ class RandomDataset(SeededDataset):
 
 
 class SyntheticDataset(SeededDataset):
-    """``size`` random samples of zoo model ``spec``'s input at ``scale`` (``data.dataset: synthetic``)."""
+    """``size`` random samples of zoo model ``model_family``'s input at ``scale`` (``data.dataset: synthetic``)."""
 
-    def __init__(self, spec, scale: str, size: int, seed: int):
+    def __init__(self, model_family, scale: str, size: int, seed: int):
         if size < 1:
             raise ValueError(f"a synthetic dataset needs at least 1 sample, got {size}")
-        self.spec, self.scale, self.length, self.seed = spec, scale, size, seed
-        source = f"synthetic:{spec.name}:{scale}"
-        self.info = {"task": spec.task, "num_classes": spec.num_classes, "input_shape": spec.input_shape(scale),
+        self.model_family, self.scale, self.length, self.seed = model_family, scale, size, seed
+        source = f"synthetic:{model_family.name}:{scale}"
+        self.info = {"task": model_family.task, "num_classes": model_family.num_classes,
+                     "input_shape": model_family.input_shape(scale),
                      "class_names": None, "source": source, "random": True,
                      "note": f"random {source} samples: for memory and speed runs only; accuracy on it is meaningless"}
 
@@ -77,7 +78,7 @@ class SyntheticDataset(SeededDataset):
         return self.length
 
     def draw(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.spec.example_batch(self.scale, 1, generator)
+        x, y = self.model_family.example_batch(self.scale, 1, generator)
         return x[0], y[0]
 
 
