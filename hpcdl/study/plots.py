@@ -67,7 +67,9 @@ def plot_pareto(summary: ModelSummary, path: Path) -> None:
             else:
                 saving_mean = saving.mean
             metric = method.val_metric
-            ax.errorbar(saving_mean, metric.mean, yerr=[[metric.mean - metric.low], [metric.high - metric.mean]],
+            # max(0, ...): the mean of equal values can round a hair outside them, and matplotlib refuses that.
+            ax.errorbar(saving_mean, metric.mean,
+                        yerr=[[max(0.0, metric.mean - metric.low)], [max(0.0, metric.high - metric.mean)]],
                         fmt="o", capsize=3)
             ax.annotate(method.method, (saving_mean, metric.mean), textcoords="offset points", xytext=(4, 4),
                         fontsize=7)
