@@ -55,6 +55,14 @@ class MethodResult:
     metric: Spread | None
     inside: bool | None  # None: no baseline or no metric to judge by
 
+    @property
+    def mean_ratio(self) -> float | None:
+        return None if self.ratio is None else self.ratio.mean
+
+    @property
+    def mean_metric(self) -> float | None:
+        return None if self.metric is None else self.metric.mean
+
 
 @dataclass
 class ModelTargets:
@@ -72,15 +80,19 @@ class ModelTargets:
 
     def below_by(self, result: MethodResult) -> float | None:
         """How far ``result``'s mean metric is below the baseline's lowest seed (a positive number), if it is."""
-        if result.metric is None or self.baseline is None or result.inside is not False:
+        metric = result.mean_metric
+        if metric is None or self.baseline is None or metric >= self.baseline.low:
             return None
-        return self.baseline.low - result.metric.mean
+        return self.baseline.low - metric
+
+    @property
+    def best_static_ratio(self) -> float | None:
+        return None if self.best_static is None else self.best_static.mean_ratio
 
     def relative(self, result: MethodResult) -> float | None:
         """``result``'s ratio over the best static sz setting's inside the spread."""
-        if result.ratio is None or self.best_static is None or self.best_static.ratio is None:
-            return None
-        return result.ratio.mean / self.best_static.ratio.mean
+        ratio, best = result.mean_ratio, self.best_static_ratio
+        return None if ratio is None or best is None else ratio / best
 
 
 def _result(method: str, runs: list[dict], baseline: Spread | None, ratio_of) -> MethodResult:
@@ -113,8 +125,8 @@ def model_targets(runs: list[dict], metric_name: str, random_data: bool) -> Mode
             targets.matched.append(_result(method, mine, baseline, adaptive_ratio))
         elif kind == STATIC_SZ_ID:
             targets.static_sz.append(_result(method, mine, baseline, lambda run: run.get("activation_ratio")))
-    inside = [result for result in targets.static_sz if result.inside and result.ratio is not None]
-    targets.best_static = max(inside, key=lambda result: result.ratio.mean, default=None)
+    inside = [result for result in targets.static_sz if result.inside and result.mean_ratio is not None]
+    targets.best_static = max(inside, key=lambda result: result.mean_ratio or 0.0, default=None)
     return targets
 
 
@@ -134,12 +146,15 @@ def ratio_verdict(ratio: Spread | None) -> str:
 
 def metric_verdict(targets: ModelTargets, result: MethodResult) -> str:
     """Inside the baseline's seed spread, or ``below by X``; flagged when the data are random."""
-    if result.inside is None:
-        text = "not judged (no baseline metric)" if targets.baseline is None else "no metric"
-    elif result.inside:
-        text = f"inside ({result.metric.mean:.4f} >= {targets.baseline.low:.4f})"
+    metric, baseline = result.mean_metric, targets.baseline
+    if baseline is None:
+        text = "not judged (no baseline metric)"
+    elif metric is None:
+        text = "no metric"
+    elif metric >= baseline.low:
+        text = f"inside ({metric:.4f} >= {baseline.low:.4f})"
     else:
-        text = f"**below by {targets.below_by(result):.4f}** ({result.metric.mean:.4f} < {targets.baseline.low:.4f})"
+        text = f"**below by {baseline.low - metric:.4f}** ({metric:.4f} < {baseline.low:.4f})"
     return text + (" (random data: meaningless)" if targets.random_data else "")
 
 
@@ -147,17 +162,17 @@ def relative_verdict(targets: ModelTargets, result: MethodResult) -> str:
     """Against RELATIVE_TARGET times the best static sz setting inside the spread."""
     if not targets.static_sz:
         return "no static sz setting ran"
-    if targets.best_static is None:
+    best, best_ratio, ratio = targets.best_static, targets.best_static_ratio, result.mean_ratio
+    if best is None or best_ratio is None:
         return "n/a: no static sz setting stays inside the spread"
-    relative = targets.relative(result)
-    if relative is None:
+    if ratio is None:
         return "no ratio measured"
-    best = targets.best_static
+    relative = ratio / best_ratio
     if relative >= RELATIVE_TARGET:
-        return f"met ({relative:.2f}x of {best.method}'s {_x(best.ratio.mean)})"
-    needed = RELATIVE_TARGET * best.ratio.mean
-    return (f"not met by {needed - result.ratio.mean:.1f}x ({relative:.2f}x of {best.method}'s "
-            f"{_x(best.ratio.mean)}; {RELATIVE_TARGET:g}x of it is {needed:.1f}x)")
+        return f"met ({relative:.2f}x of {best.method}'s {_x(best_ratio)})"
+    needed = RELATIVE_TARGET * best_ratio
+    return (f"not met by {needed - ratio:.1f}x ({relative:.2f}x of {best.method}'s "
+            f"{_x(best_ratio)}; {RELATIVE_TARGET:g}x of it is {needed:.1f}x)")
 
 
 def targets_section(all_targets: list[ModelTargets]) -> list[str]:
@@ -179,11 +194,11 @@ def targets_section(all_targets: list[ModelTargets]) -> list[str]:
     ]
     for targets in all_targets:
         best = targets.best_static
-        best_text = f"{best.method} ({_x(best.ratio.mean)})" if best is not None else "none"
+        best_text = f"{best.method} ({_x(targets.best_static_ratio)})" if best is not None else "none"
         for result in targets.adaptive:
             lines.append(
                 f"| {targets.model} | {result.method} | {','.join(map(str, result.seeds))} | "
-                f"{_x(result.ratio.mean if result.ratio else None)} | "
+                f"{_x(result.mean_ratio)} | "
                 f"{_x(result.run_ratio.mean if result.run_ratio else None)} | {ratio_verdict(result.ratio)} | "
                 f"{metric_verdict(targets, result)} | {best_text} | {relative_verdict(targets, result)} |")
     matched = [(targets, result) for targets in all_targets for result in targets.matched]
@@ -192,7 +207,7 @@ def targets_section(all_targets: list[ModelTargets]) -> list[str]:
                   "| model | method | seeds | ratio | run ratio | metric vs baseline spread |", "|---|---|---|---|---|---|"]
         for targets, result in matched:
             lines.append(f"| {targets.model} | {result.method} | {','.join(map(str, result.seeds))} | "
-                         f"{_x(result.ratio.mean if result.ratio else None)} | "
+                         f"{_x(result.mean_ratio)} | "
                          f"{_x(result.run_ratio.mean if result.run_ratio else None)} | "
                          f"{metric_verdict(targets, result)} |")
     return lines
