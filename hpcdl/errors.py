@@ -20,6 +20,7 @@ hpcdl is missing here or does not derive from :class:`HpcdlError`:
   ``MethodSpecError`` (:mod:`hpcdl.train.method_spec`: the method specs the study and the benchmarks parse)
 - slurm: ``SlurmError`` (:mod:`hpcdl.slurm.errors`)
 - bench: ``MemoryBenchError`` (:mod:`hpcdl.bench.memory`)
+- study: ``MatchedBitsError`` (:mod:`hpcdl.study.targets`)
 
 >>> from hpcdl.compress import CodecError
 >>> issubclass(CodecError, HpcdlError) and issubclass(CodecError, ValueError)

@@ -1,27 +1,45 @@
 #!/usr/bin/env bash
-# The commands that produced the committed study in docs/results/ (CPU, 2 cores shared with other work).
+# The commands for the committed study in docs/results/ (CPU, 2 cores shared with other work).
 # Run from the repository root with the venv active; OUT holds results.jsonl and the trainer's run
-# directories (the run directories are not committed). Each command resumes if interrupted.
+# directories (the run directories are not committed). Each command resumes if interrupted: a run
+# already in OUT's results (same model, method, seed, settings and resolved config) is not run again.
 set -euo pipefail
 OUT=${OUT:-study}
+SEEDS=0,1,2
 METHODS=baseline,sz:rel=1e-1,sz:rel=1e-2,sz:rel=1e-3,sz:abs=1e-2,quant:bits=2,quant:bits=4,cast:bf16,recompute,offload
+
+# study MODEL PROBE_EVERY [hpcdl study run options]: every method of METHODS and the adaptive policy, then the
+# ActNN-style baseline (per-layer 1/2/4/8 bits from sensitivity) at the same bytes: its average bits are
+# 32 (fp32 activations) / adaptive's activation ratio after its first decision, mean over the seeds, read
+# from OUT's results by `hpcdl study matched-bits`. Same seeds, epochs, steps and data as the other methods.
+# Both controllers probe every PROBE_EVERY steps, about 8 times per run: a bound grows at most 2x per probe
+# from 1% of its tensor's range, so a run with one probe (the default probe_every=100 here) would never loosen.
+study() {
+    local model=$1 adaptive=adaptive:probe_every=$2 probe_every=$2 bits
+    shift 2
+    nice python -m hpcdl study run --models "$model" --methods "$METHODS,$adaptive" --seeds "$SEEDS" \
+        --threads 1 --out "$OUT" "$@"
+    bits=$(python -m hpcdl study matched-bits "$OUT" --model "$model" --method "$adaptive")
+    # If the ActNN runs fail (a failed run is recorded in results.jsonl with its error) or the spec is refused
+    # (the error is printed above), the other models still run.
+    nice python -m hpcdl study run --models "$model" --methods "actnn:bits=$bits,probe_every=$probe_every" \
+        --seeds "$SEEDS" --threads 1 --out "$OUT" "$@" ||
+        echo "actnn:bits=$bits on $model did not finish: see the error above"
+}
 
 # HEP on the committed Pythia 8 sample (hep-sample: 2400 training / 600 validation jets). The jet-image CNN
 # (tiny): 3 epochs of at most 25 steps of 64 (about two passes over the jets; it reaches AUC ~0.94 within one).
-nice python -m hpcdl study run --models hep-cnn --methods "$METHODS" --seeds 0,1 --epochs 3 \
-    --steps-per-epoch 25 --threads 1 --out "$OUT"
+study hep-cnn 10 --epochs 3 --steps-per-epoch 25
 # The particle transformer (tiny) learns more slowly: 6 full epochs of 37 steps of 64.
-nice python -m hpcdl study run --models particle-transformer --methods "$METHODS" --seeds 0,1 --epochs 6 \
-    --threads 1 --out "$OUT"
+study particle-transformer 25 --epochs 6
 
-# Climate: DeepLabv3+ (tiny) on the committed climate sample (48 QG snapshots), shipped config climate-deeplab.
-nice python -m hpcdl study run --models deeplabv3p-climate --methods "$METHODS" --seeds 0,1 --epochs 6 \
-    --threads 1 --out "$OUT"
+# Climate: DeepLabv3+ (tiny) on the committed climate sample (48 QG snapshots), shipped config climate-deeplab:
+# 6 epochs of 4 steps of 8.
+study deeplabv3p-climate 3 --epochs 6
 
 # ResNet-18 (CIFAR stem, tiny): no CIFAR here, so random CIFAR-shaped inputs with random labels:
 # memory and speed only, its validation metric means nothing.
-nice python -m hpcdl study run --models resnet18-cifar --methods "$METHODS" --seeds 0,1 --epochs 3 \
-    --steps-per-epoch 10 --batch 32 --set data.dataset=synthetic --set data.synthetic_samples=320 \
-    --threads 1 --out "$OUT"
+study resnet18-cifar 4 --epochs 3 --steps-per-epoch 10 --batch 32 \
+    --set data.dataset=synthetic --set data.synthetic_samples=320
 
 python -m hpcdl study report "$OUT"

@@ -1,4 +1,4 @@
-"""``hpcdl study run`` and ``hpcdl study report``: the impact study of activation-memory methods."""
+"""``hpcdl study run``, ``report`` and ``matched-bits``: the impact study of activation-memory methods."""
 
 from __future__ import annotations
 
@@ -70,6 +70,19 @@ def register(subparsers) -> None:
     report.add_argument("dir", help="study directory (holding results.jsonl)")
     report.set_defaults(handler=_report)
 
+    matched = commands.add_parser(
+        "matched-bits", help="print the average bits per saved element that hold what adaptive held on a model",
+        description="ACTIVATION_BITS / (adaptive's activation ratio after its first decision, mean over seeds), "
+                    "from DIR's results: the bits of an ActNN-style baseline at adaptive's byte budget, e.g. "
+                    "--methods \"actnn:bits=$(hpcdl study matched-bits DIR --model hep-cnn)\".")
+    matched.add_argument("dir", help="study directory (holding results.jsonl)")
+    matched.add_argument("--model", required=True, help="the model whose adaptive runs to match")
+    matched.add_argument("--method", default=None,
+                         help="the adaptive method spec, when several ran on the model (e.g. adaptive:alpha=1e-3)")
+    matched.add_argument("--activation-bits", type=int, default=32,
+                         help="bits per element of the activations as saved (32 for fp32; default 32)")
+    matched.set_defaults(handler=_matched_bits)
+
 
 def _run(args) -> int:
     from hpcdl.study.results import results_path
@@ -106,4 +119,12 @@ def _report(args) -> int:
 
     path = write_report(args.dir)
     print(f"wrote {path}")
+    return 0
+
+
+def _matched_bits(args) -> int:
+    from hpcdl.study.results import read_results
+    from hpcdl.study.targets import matched_bits
+
+    print(f"{matched_bits(read_results(args.dir).runs(), args.model, args.method, args.activation_bits):g}")
     return 0

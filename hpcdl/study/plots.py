@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 import matplotlib
+import matplotlib.patches
 import matplotlib.ticker
 
 matplotlib.use("Agg")
@@ -66,7 +67,9 @@ def plot_pareto(summary: ModelSummary, path: Path) -> None:
             else:
                 saving_mean = saving.mean
             metric = method.val_metric
-            ax.errorbar(saving_mean, metric.mean, yerr=[[metric.mean - metric.low], [metric.high - metric.mean]],
+            # max(0, ...): the mean of equal values can round a hair outside them, and matplotlib refuses that.
+            ax.errorbar(saving_mean, metric.mean,
+                        yerr=[[max(0.0, metric.mean - metric.low)], [max(0.0, metric.high - metric.mean)]],
                         fmt="o", capsize=3)
             ax.annotate(method.method, (saving_mean, metric.mean), textcoords="offset points", xytext=(4, 4),
                         fontsize=7)
@@ -174,4 +177,92 @@ def plot_activation_distribution(model: str, stats: dict[str, dict], path: Path)
     ax.set_xlabel("activation value saved for backward (symlog)")
     ax.grid(alpha=0.3, axis="x")
     ax.set_title(f"{model}: values saved for backward per module at initialisation, {len(modules)} largest")
+    _save(fig, path)
+
+
+def codec_label(spec: str) -> str:
+    """A codec spec without its error bound's value (``sz:abs=0.0123`` -> ``sz:abs``), other options kept."""
+    codec, _, options = spec.partition(":")
+    kept = [option.split("=", 1)[0] if option.split("=", 1)[0] in ("abs", "rel", "pw_rel") else option
+            for option in options.split(",") if option]
+    return codec + (":" + ",".join(kept) if kept else "")
+
+
+def plot_decisions(runs: list[dict], path: Path, ratio_target: float | None = None) -> None:
+    """What one controller-driven method decided over the steps, from its runs' ``decisions`` summaries.
+
+    Top: per slot (the slots of the largest modules), the bound relative to the slot's value range (log) and
+    the codec chosen, for the lowest seed. Bottom: the predicted and measured gradient error of the decisions
+    in effect (every seed), and the activation ratio of the steps under each decision (every seed).
+    """
+    runs = sorted((run for run in runs if run.get("decisions")), key=lambda run: run["seed"])
+    first = runs[0]
+    decisions = first["decisions"]
+    slots = list(dict.fromkeys(name for entry in decisions for name in entry["slots"]))
+    per_module = first.get("per_module") or {}
+    sizes = {name: per_module.get(name.split("#", 1)[0], {}).get("original", 0) + 1e-9 * index
+             for index, name in enumerate(slots)}
+    slots = top_modules(sizes, TOP_MODULES)
+    steps = [entry["step"] for entry in decisions]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    ax = axes[0][0]
+    for name in slots:
+        points = [(entry["step"], entry["slots"][name][1]) for entry in decisions
+                  if name in entry["slots"] and entry["slots"][name][1]]
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("bound / value range of the slot (log)")
+    ax.set_title(f"bounds per slot, seed {first['seed']} (kept slots not drawn)", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    ax = axes[0][1]
+    labels = list(dict.fromkeys(codec_label(entry["slots"][name][0]) for entry in decisions for name in slots
+                                if name in entry["slots"]))
+    grid = [[labels.index(codec_label(entry["slots"][name][0])) if name in entry["slots"] else float("nan")
+             for entry in decisions] for name in slots]
+    colours = plt.get_cmap("tab10", max(len(labels), 1))
+    ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=colours, vmin=-0.5, vmax=len(labels) - 0.5)
+    ax.set_yticks(range(len(slots)))
+    ax.set_yticklabels(slots, fontsize=6)
+    ax.set_xticks(range(len(steps)))
+    ax.set_xticklabels([str(step) for step in steps], fontsize=6, rotation=90)
+    ax.set_xlabel("step of the decision")
+    ax.set_title(f"codec per slot, seed {first['seed']} (bound values on the left)", fontsize=9)
+    ax.legend(handles=[matplotlib.patches.Patch(color=colours(index), label=label)
+                       for index, label in enumerate(labels)], fontsize=7, loc="upper right")
+    ax = axes[1][0]
+    for run in runs:
+        checked = [entry for entry in run["decisions"] if entry.get("check_measured_total") is not None]
+        if not checked:
+            continue
+        (line,) = ax.plot([e["step"] for e in checked], [e["check_measured_total"] for e in checked], marker="o",
+                          markersize=3, label=f"measured, seed {run['seed']}")
+        ax.plot([e["step"] for e in checked], [e["check_predicted_total"] for e in checked], "--", marker="x",
+                markersize=4, color=line.get_color(), label=f"predicted, seed {run['seed']}")
+    ax.set_yscale("log")
+    ax.set_xlabel("step of the check (the decisions in effect before it)")
+    ax.set_ylabel("squared gradient error, summed over modules (log)")
+    ax.set_title("gradient error of the decisions in effect: predicted vs measured", fontsize=9)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax = axes[1][1]
+    for run in runs:
+        points = [(entry["step"], entry["ratio"]) for entry in run["decisions"] if entry.get("ratio")]
+        if points:
+            ax.step(*zip(*points), where="post", marker="o", markersize=3, label=f"seed {run['seed']}")
+    if ratio_target is not None:
+        ax.axhline(ratio_target, color="black", linewidth=0.8, linestyle=":", label=f"target {ratio_target:g}x")
+    ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda value, _position: f"{value:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.set_xlabel("step of the decision")
+    ax.set_ylabel("activation ratio of the steps under it (x, log)")
+    ax.set_title("activation compression under each decision (all saved bytes)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.suptitle(f"{first['model']} ({first['scale']}) {first['method']}: decisions over the steps")
     _save(fig, path)

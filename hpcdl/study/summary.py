@@ -26,12 +26,13 @@ class Spread:
     n: int
 
     @classmethod
-    def of(cls, values: list[float]) -> Spread | None:
-        values = [v for v in values if v is not None]
-        if not values:
+    def of(cls, values: list[float | None]) -> Spread | None:
+        """The spread of the values that are not None; None when there are none."""
+        known = [v for v in values if v is not None]
+        if not known:
             return None
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        return cls(statistics.fmean(values), std, min(values), max(values), len(values))
+        std = statistics.stdev(known) if len(known) > 1 else 0.0
+        return cls(statistics.fmean(known), std, min(known), max(known), len(known))
 
 
 @dataclass

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcdl.memory.allocator import return_freed_memory_to_os
+from hpcdl.study.decisions import summarise_decisions
 from hpcdl.study.results import append_record, read_results, result_files
 from hpcdl.train.distributed import detect_world
 from hpcdl.train.method_spec import Method, parse_methods, yaml_scalar
@@ -349,6 +350,8 @@ def execute(run: PlannedRun, out: Path, progress: bool = True) -> dict:
         world_size=result.world_size,
         model_options=result.model_options,
     )
+    # A controller-driven method (adaptive): its decisions, condensed, since the run directory is not kept.
+    record.update(summarise_decisions(Path(result.run_dir) / "metrics.jsonl") or {})
     return record
 
 

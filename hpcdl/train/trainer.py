@@ -356,6 +356,9 @@ class _Run:
             "lr": self.optimizer.param_groups[0]["lr"],
             "samples_per_s": self.global_batch / step_time, "step_time_s": step_time,
             "activation_ratio": stats.ratio if self.policy is not None else None,
+            # Running totals, so that the ratio of any span of steps is a difference (hpcdl.study.decisions).
+            "activation_original_bytes": stats.original_bytes if self.policy is not None else None,
+            "activation_packed_bytes": stats.packed_bytes if self.policy is not None else None,
             "peak_memory_bytes": peak.bytes(),
         })
 
