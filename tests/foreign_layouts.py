@@ -13,6 +13,15 @@ Each writes what the public tools write, with h5py alone, in the layout their re
 
 The data carry a learnable difference between the classes (tops wider and heavier than light
 jets), so two training steps see both classes.
+
+A small fixture of each layout is committed under ``tests/fixtures/foreign/`` (written by
+``write_committed_fixtures``; 0.3 MiB in all), so the readers are proven on files in the repository,
+not only on files written in the same test run. Regenerate them after a deliberate change here with::
+
+    python tests/foreign_layouts.py
+
+Datasets are written with ``track_times=False``: the same code writes the same bytes, and a
+regeneration without a change leaves git clean.
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "foreign"
+TOP_TAGGING_FIXTURE_JETS = 24  # the committed top-tagging file; 200 particles x 4 float64 a jet make it the largest
 
 
 def write_deepcam_reference(root: Path, train: int = 4, validation: int = 2, height: int = 16, width: int = 24,
@@ -37,13 +49,13 @@ def write_deepcam_reference(root: Path, train: int = 4, validation: int = 2, hei
             labels[data[..., 0] > scale[0]] = 1
             labels[data[..., -1] < -scale[-1]] = 2
             with h5py.File(root / folder / f"data-2016-0{index + 1}-01-00-{folder[0]}.h5", "w") as h5:
-                h5.create_dataset("climate/data", data=data)
-                h5.create_dataset("climate/labels_0", data=labels)
+                h5.create_dataset("climate/data", data=data, track_times=False)
+                h5.create_dataset("climate/labels_0", data=labels, track_times=False)
             if folder == "train":
                 low, high = np.minimum(low, data.min(axis=(0, 1))), np.maximum(high, data.max(axis=(0, 1)))
     with h5py.File(root / "stats.h5", "w") as h5:
-        h5.create_dataset("climate/minval", data=low.astype(np.float32))
-        h5.create_dataset("climate/maxval", data=high.astype(np.float32))
+        h5.create_dataset("climate/minval", data=low.astype(np.float32), track_times=False)
+        h5.create_dataset("climate/maxval", data=high.astype(np.float32), track_times=False)
     return root
 
 
@@ -81,8 +93,8 @@ def write_jetnet(root: Path, jets: int = 24, particles: int = 30, seed: int = 0)
         jet_features = np.stack([axes[:, 0], axes[:, 1], mass, mask.sum(1)], axis=1).astype(np.float32)
         path = root / f"{kind}.hdf5"
         with h5py.File(path, "w") as h5:
-            h5.create_dataset("particle_features", data=features)
-            h5.create_dataset("jet_features", data=jet_features)
+            h5.create_dataset("particle_features", data=features, track_times=False)
+            h5.create_dataset("jet_features", data=jet_features, track_times=False)
         paths.append(path)
     return paths
 
@@ -112,10 +124,25 @@ def write_top_tagging(path: Path, jets: int = 40, particles: int = 200, seed: in
     with h5py.File(path, "w") as h5:
         group = h5.create_group("table")
         group.attrs.update({"pandas_type": "frame", "pandas_version": "0.15.2", "ndim": 2, "nblocks": 2})
-        group.create_dataset("axis0", data=np.array(float_names + int_names, dtype="S"))
-        group.create_dataset("axis1", data=np.arange(jets, dtype=np.int64))
-        group.create_dataset("block0_items", data=np.array(float_names, dtype="S"))
-        group.create_dataset("block0_values", data=floats)
-        group.create_dataset("block1_items", data=np.array(int_names, dtype="S"))
-        group.create_dataset("block1_values", data=ints)
+        group.create_dataset("axis0", data=np.array(float_names + int_names, dtype="S"), track_times=False)
+        group.create_dataset("axis1", data=np.arange(jets, dtype=np.int64), track_times=False)
+        group.create_dataset("block0_items", data=np.array(float_names, dtype="S"), track_times=False)
+        group.create_dataset("block0_values", data=floats, track_times=False)
+        group.create_dataset("block1_items", data=np.array(int_names, dtype="S"), track_times=False)
+        group.create_dataset("block1_values", data=ints, track_times=False)
     return path
+
+
+def write_committed_fixtures(root: Path = FIXTURES) -> dict[str, Path]:
+    """The committed fixtures under ``root``: ``deepcam/`` (the reference directory), ``jetnet/`` (t.hdf5,
+    q.hdf5) and ``top_tagging/train.h5``, each at its writer's defaults (the top-tagging file with
+    ``TOP_TAGGING_FIXTURE_JETS`` jets). Returns the path of each, by layout."""
+    (root / "top_tagging").mkdir(parents=True, exist_ok=True)
+    write_jetnet(root / "jetnet")
+    return {"deepcam": write_deepcam_reference(root / "deepcam"), "jetnet": root / "jetnet",
+            "top_tagging": write_top_tagging(root / "top_tagging" / "train.h5", jets=TOP_TAGGING_FIXTURE_JETS)}
+
+
+if __name__ == "__main__":
+    for layout, path in write_committed_fixtures().items():
+        print(f"{layout}: {path}")

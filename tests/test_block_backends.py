@@ -194,3 +194,44 @@ def test_a_library_without_the_abi_functions_is_refused(tmp_path):
     run = _import_sz_with(library)
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode != 0 and "has no function hpcdl_host_abi_version" in last and "rebuild" in last, last
+
+
+# ---------------------------------------------------------------- forcing the reference
+
+
+FORCED_REFERENCE = """
+import torch
+from hpcdl.compress import get_codec
+from hpcdl.compress.blocks import backend_module
+x = torch.nn.functional.gelu(torch.randn(4097, generator=torch.Generator().manual_seed(3)))
+indices = torch.arange(-300, 300, 7, dtype=torch.int64)
+print(backend_module("auto", x.device).__name__)
+print(get_codec({"id": "sz", "mode": "rel", "bound": 1e-2}).encode(x).to_bytes().hex())
+print(get_codec({"id": "int"}).encode(indices).to_bytes().hex())
+print(get_codec({"id": "sz", "mode": "rel", "bound": 1e-2}).encode_with(x, "host").to_bytes().hex())
+print(get_codec({"id": "int"}).encode_with(indices, "host").to_bytes().hex())
+"""
+
+
+def _run_with_backend(value: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HPCDL_BLOCK_BACKEND": value,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", FORCED_REFERENCE], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_the_environment_variable_forces_the_reference_with_the_host_bytes_or_fails_clearly():
+    """HPCDL_BLOCK_BACKEND=reference: sz and int encode CPU tensors with the reference (their default
+    "auto" backend), to the bytes the host library writes; an unknown value names the choices."""
+    require(host.AVAILABLE, "the host kernel library is not built")
+    run = _run_with_backend("reference")
+    assert run.returncode == 0, run.stderr[-2000:]
+    name, sz_auto, int_auto, sz_host, int_host = run.stdout.split()
+    assert name == "hpcdl.compress.blocks.reference"
+    assert sz_auto == sz_host and int_auto == int_host
+    assert _run_with_backend("host").stdout.split()[0] == "hpcdl.compress.blocks.host"
+    wrong = _run_with_backend("cuda")
+    last = wrong.stderr.strip().splitlines()[-1]
+    assert wrong.returncode != 0 and last.startswith("hpcdl.compress.errors.CodecError: HPCDL_BLOCK_BACKEND='cuda'"), \
+        wrong.stderr[-2000:]
+    assert "use one of ['host', 'reference']" in last

@@ -1,8 +1,9 @@
 """Foreign data layouts: the MLPerf HPC DeepCAM reference directory, JetNet and top-tagging HDF5.
 
-The fixtures are written at test time by ``tests/foreign_layouts.py`` (h5py only, in each public
-tool's layout); each is read, checked against what the public reader computes, and trained on for
-two steps.
+The fixtures are committed under ``tests/fixtures/foreign/``, written by ``tests/foreign_layouts.py``
+(h5py only, in each public tool's layout; ``python tests/foreign_layouts.py`` regenerates them, and a
+test here requires that it writes the committed data); each is read, checked against what the public
+reader computes, and trained on for two steps. Tests that damage a file write their own copy.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from foreign_layouts import write_deepcam_reference, write_jetnet, write_top_tagging
+from foreign_layouts import FIXTURES, TOP_TAGGING_FIXTURE_JETS, write_committed_fixtures, write_deepcam_reference
 
 from hpcdl.data import DataError, MissingFileError, ShapeError, io_thread, load_dataset
 from hpcdl.data.features import HEP_UNITS
@@ -55,9 +56,40 @@ def _reference_item(path, stats, channels=None):
     return np.transpose(data, (2, 0, 1)), label
 
 
+def _h5_contents(path) -> dict[str, object]:
+    """Every dataset's array and every attribute of an HDF5 file, by name (``name@attr`` for attributes)."""
+    contents: dict[str, object] = {}
+
+    def visit(name, item):
+        contents.update({f"{name}@{key}": value for key, value in item.attrs.items()})
+        if isinstance(item, h5py.Dataset):
+            contents[name] = item[...]
+
+    with h5py.File(path) as h5:
+        contents.update({f"@{key}": value for key, value in h5.attrs.items()})
+        h5.visititems(visit)
+    return contents
+
+
+def test_committed_fixtures_are_what_the_generator_writes(tmp_path):
+    """tests/fixtures/foreign/ holds exactly what ``write_committed_fixtures`` writes (same files, same
+    arrays and attributes): the fixtures are reproducible, and a change to a writer without regenerating
+    them (``python tests/foreign_layouts.py``) fails here."""
+    write_committed_fixtures(tmp_path)
+    committed = sorted(p.relative_to(FIXTURES) for p in FIXTURES.rglob("*") if p.is_file())
+    assert committed == sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    assert sum((FIXTURES / name).stat().st_size for name in committed) < 512 * 1024
+    for name in committed:
+        fresh, kept = _h5_contents(tmp_path / name), _h5_contents(FIXTURES / name)
+        assert sorted(fresh) == sorted(kept), name
+        for key in fresh:
+            assert np.array_equal(fresh[key], kept[key]) and np.asarray(fresh[key]).dtype == np.asarray(kept[key]).dtype, \
+                f"{name}: {key}"
+
+
 @pytest.fixture(scope="module")
-def deepcam_dir(tmp_path_factory):
-    return write_deepcam_reference(tmp_path_factory.mktemp("deepcam"))
+def deepcam_dir():
+    return FIXTURES / "deepcam"  # read only
 
 
 def test_deepcam_reference_directory_reads_as_the_reference_does(deepcam_dir):
@@ -133,9 +165,8 @@ def test_to_deepcam_writes_the_reference_layout(tmp_path):
 
 @pytest.fixture(scope="module")
 def jetnet(tmp_path_factory):
-    root = tmp_path_factory.mktemp("jetnet")
-    paths = write_jetnet(root / "raw")
-    return paths, import_jetnet(paths, root / "imported")
+    paths = [FIXTURES / "jetnet" / "t.hdf5", FIXTURES / "jetnet" / "q.hdf5"]
+    return paths, import_jetnet(paths, tmp_path_factory.mktemp("jetnet") / "imported")
 
 
 def test_jetnet_import_rebuilds_the_particles(jetnet):
@@ -180,14 +211,13 @@ def test_trains_two_steps_on_imported_jetnet(jetnet, tmp_path):
 
 @pytest.fixture(scope="module")
 def top_tagging(tmp_path_factory):
-    root = tmp_path_factory.mktemp("top")
-    path = write_top_tagging(root / "train.h5")
-    return path, import_top_tagging(path, root / "imported")
+    path = FIXTURES / "top_tagging" / "train.h5"
+    return path, import_top_tagging(path, tmp_path_factory.mktemp("top") / "imported")
 
 
 def test_top_tagging_import_reads_the_pandas_fixed_store(top_tagging):
     path, manifest = top_tagging
-    assert manifest.class_names == ["qcd", "top"] and manifest.count == 40 and manifest.generator["ttv"] == [0]
+    assert manifest.class_names == ["qcd", "top"] and manifest.count == TOP_TAGGING_FIXTURE_JETS and manifest.generator["ttv"] == [0]
     with h5py.File(path) as h5:
         names = [n.decode() for n in h5["table/block0_items"][...]]
         values = h5["table/block0_values"][...]
@@ -233,6 +263,6 @@ def test_cli_imports_and_trains_two_steps_on_top_tagging(top_tagging, tmp_path, 
 
     path, _ = top_tagging
     assert main(["data", "import", "top-tagging", str(path), "--out", str(tmp_path / "top"), "--image-size", "16"]) == 0
-    assert "imported 40 jets" in capsys.readouterr().out
+    assert f"imported {TOP_TAGGING_FIXTURE_JETS} jets" in capsys.readouterr().out
     assert main(["data", "import", "jetnet", str(path), "--out", str(tmp_path / "j")]) == 2  # not named t/q/...
     _train_two_steps("hep-particles", tmp_path / "top", tmp_path, "data.features=constituents")

@@ -22,6 +22,7 @@ from hpcdl.data import (
     read_manifest,
     verify_checksums,
 )
+from hpcdl.data.features import HEP_UNITS
 from hpcdl.data.manifest import write_manifest
 from hpcdl.data.readers import HDF5Reader
 from hpcdl_datasets.hep import HEPSettings, JetParticles, centred_coordinates, constituent_array, jet_image
@@ -249,11 +250,28 @@ def test_pythia_generator_makes_deterministic_w_and_qcd_jets(tmp_path):
 
 
 def _replace(name, values):
+    """Replace dataset ``name`` by ``values``, keeping its attributes (its units)."""
     def damage(path):
         with h5py.File(path, "a") as h5:
+            attributes = dict(h5[name].attrs)
             del h5[name]
             h5[name] = values
+            h5[name].attrs.update(attributes)
     return damage
+
+
+def test_committed_hep_sample_declares_the_units_the_generator_writes():
+    with h5py.File(read_manifest(load_dataset("hep-sample", "all").info["source"]).file_paths()[0]) as h5:
+        assert {name: h5[name].attrs["units"] for name in HEP_UNITS} == HEP_UNITS
+
+
+def test_hep_dataset_without_units_is_refused_naming_the_attribute_to_set(hep_dir, tmp_path):
+    def drop_units(path):
+        with h5py.File(path, "a") as h5:
+            del h5["images"].attrs["units"]
+
+    with pytest.raises(MalformedFileError, match="jets.h5: dataset 'images' has no 'units' attribute, expected '1'"):
+        load_dataset(_damaged_copy(hep_dir, tmp_path, drop_units))
 
 
 def test_hep_wrong_dtype_out_of_range_count_and_nan_are_named(hep_dir, tmp_path):

@@ -83,6 +83,9 @@ SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job waits cred_expire + 1 s before it may start again (default 120 s); 20 s still gives a loaded
+# slurmd time to take a job's credential before it expires.
+AuthInfo=cred_expire=20
 CryptoType=crypto/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc
@@ -90,6 +93,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# Look for startable jobs every 5 s (defaults 60 and 30 s): a requeued job, held until its begin time, then
+# starts within seconds instead of waiting for the next pass (tests/test_train_slurm.py requeues a job twice).
+SchedulerParameters=sched_interval=5,bf_interval=5
 ReturnToService=2
 StateSaveLocation=$STATE_DIR/ctld
 SlurmdSpoolDir=$STATE_DIR/d

@@ -44,13 +44,19 @@ def check_dtype(path: Path, what: str, dtype, kind: str) -> None:
 
 
 def check_units(path: Path, name: str, dataset, expected: str | None) -> None:
-    """Raise ``ShapeError`` if HDF5 ``dataset`` declares ``units`` other than ``expected``.
+    """Raise unless HDF5 ``dataset`` declares ``units`` equal to ``expected`` (nothing to check when None).
 
-    A dataset without the attribute passes: the committed samples predate it. A wrong unit (MeV
-    where the features take logs of GeV) would shift every input silently, so it is refused.
+    A wrong unit (MeV where the features take logs of GeV) would shift every input silently, so it is a
+    ``ShapeError``; a dataset without the attribute is a ``MalformedFileError``, because its units are
+    unknown. Every file hpcdl writes carries them (the committed ``hep-sample`` too, since they were
+    added to it in place), so there is no legacy case to read on trust.
     """
-    if expected is None or "units" not in dataset.attrs:
+    if expected is None:
         return
+    if "units" not in dataset.attrs:
+        raise MalformedFileError(path, f"dataset {name!r} has no 'units' attribute, expected {expected!r}; if its "
+                                       f"values are in those units, set it (h5py: h5[{name!r}].attrs['units'] = "
+                                       f"{expected!r}), else convert or re-import the data")
     found = dataset.attrs["units"]
     found = found.decode() if isinstance(found, bytes) else str(found)
     if found != expected:
@@ -288,8 +294,7 @@ class HDF5Reader(FileReader):
     ``expected`` maps every dataset the files must have to its row shape and dtype kind (FLOAT or
     INTEGER; all validated on open); ``fields`` (default: all of them) are the ones ``read_fields``
     returns, plus ``y_field``. Floating-point fields are checked for NaN/Inf on every read.
-    ``units`` maps a dataset to the ``units`` attribute it must have if it has one (files written
-    before hpcdl recorded units have none and are read as the units expected).
+    ``units`` maps a dataset to the ``units`` attribute it must have (:func:`check_units`).
     """
 
     kind = "HDF5"

@@ -11,29 +11,47 @@ A tensor is cut into 32-element blocks; each block is predicted and bit-packed a
 - ``codec.py``: :class:`~hpcdl.compress.blocks.codec.BlockCodec`, the base of ``sz`` and ``int`` that owns the
   raw flag and fallback, the payload checksum and the header checks.
 
-:func:`backend_module` picks the backend for a device.
+:func:`backend_module` picks the backend for a device. ``HPCDL_BLOCK_BACKEND=reference`` makes "auto" pick the
+PyTorch reference for CPU tensors instead of the host library, for the whole process (``HPCDL_HOST_ISA`` chooses
+among the host library's builds instead): to check a result against the specification without changing code.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
 
 from hpcdl.compress.blocks import host, reference
 from hpcdl.compress.blocks.protocol import BlockKernels
+from hpcdl.compress.errors import CodecError
 
 BACKENDS = ("auto", "reference", "host", "cuda")
+BACKEND_VARIABLE = "HPCDL_BLOCK_BACKEND"
+CPU_AUTO_CHOICES = ("host", "reference")  # what "auto" may run on CPU tensors; host (the default) falls back itself
 _warned_no_host = False
 
 
+def _cpu_auto_backend() -> str:
+    """The backend "auto" runs on CPU tensors: ``HPCDL_BLOCK_BACKEND`` if set, else host."""
+    value = os.environ.get(BACKEND_VARIABLE) or "host"
+    if value not in CPU_AUTO_CHOICES:
+        raise CodecError(f"{BACKEND_VARIABLE}={value!r} is not a backend it can force; use one of "
+                         f"{list(CPU_AUTO_CHOICES)} (or unset it for host); HPCDL_HOST_ISA picks a host build")
+    return value
+
+
+CPU_AUTO_BACKEND = _cpu_auto_backend()
+
+
 def backend_module(backend: str, device: torch.device) -> BlockKernels:
-    """The kernel implementation for ``backend`` on ``device``; "auto" picks cuda on a GPU, else host (the
-    reference, with one warning, when the host library is not built)."""
+    """The kernel implementation for ``backend`` on ``device``; "auto" picks cuda on a GPU, on the CPU host (the
+    reference, with one warning, when the host library is not built) or what ``HPCDL_BLOCK_BACKEND`` names."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown sz backend {backend!r}; use one of {list(BACKENDS)}")
     if backend == "auto":
-        backend = "cuda" if device.type == "cuda" else "host" if device.type == "cpu" else "reference"
+        backend = "cuda" if device.type == "cuda" else CPU_AUTO_BACKEND if device.type == "cpu" else "reference"
     if backend == "cuda":
         if device.type != "cuda":
             raise ValueError(f"the cuda backend takes CUDA tensors, got a tensor on {device}")
