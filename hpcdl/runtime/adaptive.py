@@ -33,6 +33,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 import torch
 
@@ -58,12 +59,13 @@ GROWTH = 2.0
 GRID_STEPS_PER_OCTAVE = 4
 
 
+@dataclass(frozen=True)
 class ControllerOptions:
     """Parsing and display shared by the option dataclasses of the controllers here (numbers, and the named
     options ``budget`` and ``codecs``)."""
 
-    controller_id = ""
-    example = ""
+    controller_id: ClassVar[str] = ""
+    example: ClassVar[str] = ""
 
     @classmethod
     def parse(cls, options: Mapping):
@@ -116,8 +118,8 @@ class AdaptiveOptions(ControllerOptions):
     budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
     codecs: str = "all"       # the candidate codecs besides sz (hpcdl.runtime.trials.FAMILIES; "sz": sz only)
 
-    controller_id = "adaptive"
-    example = "adaptive:alpha=1e-2,probe_every=100"
+    controller_id: ClassVar[str] = "adaptive"
+    example: ClassVar[str] = "adaptive:alpha=1e-2,probe_every=100"
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,8 @@ class ActnnOptions(ControllerOptions):
     reruns: int = 4
     probe_rel: float = 1e-2
 
-    controller_id = "actnn"
-    example = "actnn:bits=2"
+    controller_id: ClassVar[str] = "actnn"
+    example: ClassVar[str] = "actnn:bits=2"
 
 @dataclass
 class Slot:
@@ -540,7 +542,8 @@ class ActnnController(AdaptiveController):
         self.budget_bytes = 0.0
 
     def describe(self) -> str:
-        return spec_from_config({"id": self.actnn.controller_id, "bits": self.actnn.bits, **self.actnn.changed()})
+        bits = int(self.actnn.bits) if self.actnn.bits == int(self.actnn.bits) else self.actnn.bits
+        return spec_from_config({"id": self.actnn.controller_id, **self.actnn.changed(), "bits": bits})
 
     def size_rels(self) -> tuple[float, ...]:
         return ()  # sz is no candidate: no ladder

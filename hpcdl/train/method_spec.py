@@ -59,8 +59,9 @@ class Method:
 
     ``kind`` is the ``compression.method`` family it selects, named as the study records it: ``baseline``,
     ``recompute``, ``offload``, ``codec``, ``recompute+codec`` or ``recompute+offload``. For the codec
-    kinds ``policy`` is the policy spec (``sz:rel=1e-2``) and ``codec`` its codec config as pairs (empty
-    for a policy that is not one static codec).
+    kinds ``policy`` is the policy spec (``sz:rel=1e-2``) and ``codec`` its codec config as pairs, or for a
+    controller's policy (``adaptive``, ``actnn:bits=2``) the controller's config, which ``compression.codec``
+    takes as well (empty for a policy that is neither, such as one routing masks or indices).
     """
 
     spec: str
@@ -153,7 +154,7 @@ def parse_method(spec: str) -> Method:
         return Method(spec=spec, kind=spec)
     recompute = spec.startswith(RECOMPUTE_PREFIX)
     policy_spec = spec[len(RECOMPUTE_PREFIX):] if recompute else spec
-    from hpcdl.runtime.policy import Policy, StaticController, policy_from_spec
+    from hpcdl.runtime.policy import Policy, StaticController, config_from_spec, is_controller_config, policy_from_spec
 
     try:
         policy = policy_from_spec(policy_spec)
@@ -167,6 +168,8 @@ def parse_method(spec: str) -> Method:
     assert isinstance(policy, Policy)
     controller = policy.controller
     codec = tuple(controller.config.items()) if isinstance(controller, StaticController) and controller.config else ()
+    if is_controller_config(config := config_from_spec(policy_spec)):
+        codec = tuple(config.items())  # type: ignore[union-attr]  # a controller's config is a dict
     return Method(spec=spec, kind="recompute+codec" if recompute else "codec", codec=codec, policy=policy_spec)
 
 
