@@ -168,8 +168,9 @@ def parse_method(spec: str) -> Method:
     assert isinstance(policy, Policy)
     controller = policy.controller
     codec = tuple(controller.config.items()) if isinstance(controller, StaticController) and controller.config else ()
-    if is_controller_config(config := config_from_spec(policy_spec)):
-        codec = tuple(config.items())  # type: ignore[union-attr]  # a controller's config is a dict
+    config = config_from_spec(policy_spec)
+    if config is not None and is_controller_config(config):
+        codec = tuple(config.items())
     return Method(spec=spec, kind="recompute+codec" if recompute else "codec", codec=codec, policy=policy_spec)
 
 
