@@ -136,6 +136,7 @@ STREAM_CASES = [
     ({"id": "quant", "bits": 2, "group_size": 16, "seed": 1}, torch.randn(101)),
     ({"id": "quant", "bits": 8, "scale_dtype": "fp16", "seed": 1}, torch.randn(3, 50, dtype=torch.float64)),
     ({"id": "int"}, torch.arange(77, dtype=torch.int64) * 3),
+    ({"id": "levels"}, (torch.randn(83) > 0) * 2.5),
     ({"id": "sz", "mode": "rel", "bound": 1e-2}, torch.randn(90)),
 ]
 

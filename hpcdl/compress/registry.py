@@ -29,6 +29,7 @@ _BUILTIN_MODULES = {
     "cast": "hpcdl.compress.cast",
     "bitmask": "hpcdl.compress.bitmask",
     "int": "hpcdl.compress.intcodec",
+    "levels": "hpcdl.compress.levels",
     "quant": "hpcdl.compress.quant",
     "sz": "hpcdl.compress.sz",
     "sz3": "hpcdl.compress.peers",

@@ -33,6 +33,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 import torch
 
@@ -47,6 +48,7 @@ from hpcdl.runtime.policy import (
     spec_from_config,
 )
 from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, sz_abs
+from hpcdl.runtime.trials import FAMILIES, QUANT_BITS, Trial
 from hpcdl.units import human_bytes, parse_bytes
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
@@ -58,7 +60,54 @@ GRID_STEPS_PER_OCTAVE = 4
 
 
 @dataclass(frozen=True)
-class AdaptiveOptions:
+class ControllerOptions:
+    """Parsing and display shared by the option dataclasses of the controllers here (numbers, and the named
+    options ``budget`` and ``codecs``)."""
+
+    controller_id: ClassVar[str] = ""
+    example: ClassVar[str] = ""
+
+    @classmethod
+    def parse(cls, options: Mapping):
+        """The options from a method spec's or config's ``{name: value}``; a bad one is a PolicySpecError."""
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise PolicySpecError(f"{cls.controller_id} takes the options {', '.join(known)}; got unknown "
+                                  f"{', '.join(unknown)} (e.g. '{cls.example}')")
+        values: dict = {}
+        for name, value in options.items():
+            if name == "budget":
+                try:
+                    values[name] = parse_bytes(value)
+                except (TypeError, ValueError) as err:
+                    raise PolicySpecError(f"{cls.controller_id} option budget is a memory size like 2GiB or "
+                                          f"500000000: {err}") from None
+                continue
+            if name == "codecs":
+                if value not in FAMILIES:
+                    raise PolicySpecError(f"{cls.controller_id} option codecs is one of {', '.join(FAMILIES)}, "
+                                          f"got {value!r}")
+                values[name] = value
+                continue
+            integral = known[name] == "int"
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
+                raise PolicySpecError(f"{cls.controller_id} option {name} must be "
+                                      f"{'an integer' if integral else 'a number'}, got {value!r}")
+            if not value > 0 or not math.isfinite(value):
+                raise PolicySpecError(f"{cls.controller_id} option {name} must be positive and finite, got {value!r}")
+            values[name] = int(value) if integral else float(value)
+        return cls(**values)
+
+    def changed(self) -> dict:
+        """The options that differ from the defaults (what the method spec shows)."""
+        default = type(self)()
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+
+
+
+@dataclass(frozen=True)
+class AdaptiveOptions(ControllerOptions):
     """The adaptive controller's options (method spec ``adaptive:alpha=1e-2,probe_every=100``)."""
 
     alpha: float = 1e-2       # per module: predicted ||gradient error||^2 <= alpha * ||gradient||^2
@@ -67,36 +116,23 @@ class AdaptiveOptions:
     probe_rel: float = 1e-2   # first probe bound of a slot never measured, as a fraction of its value range
     max_rel: float = 0.1      # no bound above this fraction of the slot's value range
     budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
+    codecs: str = "all"       # the candidate codecs besides sz (hpcdl.runtime.trials.FAMILIES; "sz": sz only)
 
-    @classmethod
-    def parse(cls, options: Mapping) -> AdaptiveOptions:
-        known = {f.name: f.type for f in fields(cls)}
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise PolicySpecError(f"adaptive takes the options {', '.join(known)}; got unknown {', '.join(unknown)} "
-                                  "(e.g. 'adaptive:alpha=1e-2,probe_every=100')")
-        values: dict = {}
-        for name, value in options.items():
-            if name == "budget":
-                try:
-                    values[name] = parse_bytes(value)
-                except (TypeError, ValueError) as err:
-                    raise PolicySpecError(f"adaptive option budget is a memory size like 2GiB or 500000000: {err}") from None
-                continue
-            integral = known[name] == "int"
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and value != int(value)):
-                raise PolicySpecError(f"adaptive option {name} must be {'an integer' if integral else 'a number'}, "
-                                      f"got {value!r}")
-            if not value > 0 or not math.isfinite(value):
-                raise PolicySpecError(f"adaptive option {name} must be positive and finite, got {value!r}")
-            values[name] = int(value) if integral else float(value)
-        return cls(**values)
+    controller_id: ClassVar[str] = "adaptive"
+    example: ClassVar[str] = "adaptive:alpha=1e-2,probe_every=100"
 
-    def changed(self) -> dict:
-        """The options that differ from the defaults (what the method spec shows)."""
-        default = AdaptiveOptions()
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
 
+@dataclass(frozen=True)
+class ActnnOptions(ControllerOptions):
+    """The ActNN baseline's options (method spec ``actnn:bits=2``)."""
+
+    bits: float = 2.0         # average quant bits per element of the compressed slots (plus quant's statistics)
+    probe_every: int = 100    # as AdaptiveOptions
+    reruns: int = 4
+    probe_rel: float = 1e-2
+
+    controller_id: ClassVar[str] = "actnn"
+    example: ClassVar[str] = "actnn:bits=2"
 
 @dataclass
 class Slot:
@@ -112,7 +148,26 @@ class Slot:
     measured_bound: float = 0.0      # the bound that measurement compressed with
     bound: float = 0.0               # the decided sz abs bound (0: keep the tensor as it is)
     nbytes: int = 0                  # the tensor's bytes uncompressed
-    sizes: list[float] = field(default_factory=list)  # budget mode: packed bytes at budget.size_rels(max_rel)
+    sizes: list[float] = field(default_factory=list)  # sz packed bytes at budget.size_rels(max_rel) (budget mode,
+                                                      # codec choice)
+    trials: list[dict] = field(default_factory=list)  # the candidate codecs' trial encodes (trials.Trial as dicts)
+    codec: dict | None = None        # the chosen codec when it is not sz (then ``bound`` is only sz's allowed bound)
+
+    def config(self) -> dict | None:
+        """The codec this slot is compressed with: the chosen codec, sz at ``bound``, or None (kept as it is)."""
+        if self.codec is not None:
+            return self.codec
+        return sz_abs(self.bound) if self.bound > 0 else None
+
+    def trial(self, codec: dict) -> dict:
+        """The trial encode of ``codec`` (a Trial as a dict); one that never ran counts as unusable."""
+        return next((t for t in self.trials if t["codec"] == codec), asdict(Trial(codec)))
+
+    def variance(self) -> float:
+        """The mean squared error of the codec in effect: measured for a trial codec, kappa * eb^2 / 3 for sz."""
+        if self.codec is not None:
+            return self.trial(self.codec)["mse"]
+        return self.kappa * self.bound ** 2 / 3
 
 
 def _on_grid(bound: float) -> float:
@@ -154,7 +209,7 @@ class AdaptiveController(Controller):
         if slot is None:
             self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
             return None
-        return sz_abs(slot.bound) if slot.bound > 0 else None
+        return slot.config()
 
     def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
         if step < self.next_probe:
@@ -176,7 +231,7 @@ class AdaptiveController(Controller):
         self.probe_seconds += time.perf_counter() - start
 
     def describe(self) -> str:
-        return spec_from_config({"id": "adaptive", **self.options.changed()})
+        return spec_from_config({"id": self.options.controller_id, **self.options.changed()})
 
     def state_dict(self) -> dict:
         return {"options": asdict(self.options), "probes": self.probes, "next_probe": self.next_probe,
@@ -198,26 +253,28 @@ class AdaptiveController(Controller):
         replayer = Replayer(capture)
         owners = _owners(capture.model, replayer.params)
         with replayer.restored():
-            rels = budget.size_rels(self.options.max_rel) if self.options.budget else ()
             exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel,
-                                                 size_rels=rels), layer_calls=[])
+                                                 size_rels=self.size_rels(), candidates=self.candidates(),
+                                                 threshold=capture.threshold), layer_calls=[])
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
             for key, record in exact.slots.items():
                 slot = self.slots.setdefault(key, Slot())
                 slot.numel, slot.value_range = record.numel, record.value_range
                 slot.nbytes, slot.sizes = record.nbytes, [float(size) for size in record.sizes]
+                slot.trials = [asdict(trial) for trial in record.trials]
                 slot.kappa = record.trial_mse / (record.trial_bound ** 2 / 3) if record.trial_bound > 0 else 0.0
                 if slot.closed_form and key in closed:
                     slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
-            in_effect = {key: slot.bound for key, slot in self.slots.items() if slot.bound > 0 and key in exact.slots}
+            in_effect = {key: config for key, slot in self.slots.items()
+                         if key in exact.slots and (config := slot.config()) is not None}
             measured_now = (_deviation(replayer.run(RecordingPolicy(perturb=in_effect)), exact, owners)
                             if in_effect else {})
             for key in self._to_measure(exact.slots):
                 record = exact.slots[key]
                 if record.trial_mse <= 0:
                     continue  # nothing sz changes (all zeros): no effect to measure
-                perturbed = replayer.run(RecordingPolicy(perturb={key: record.trial_bound}))
+                perturbed = replayer.run(RecordingPolicy(perturb={key: sz_abs(record.trial_bound)}))
                 measured = {m: dev / record.trial_mse for m, dev in _deviation(perturbed, exact, owners).items()}
                 slot = self.slots[key]
                 slot.sensitivity, slot.measured_at, slot.measured_bound = measured, self.probes, record.trial_bound
@@ -234,7 +291,16 @@ class AdaptiveController(Controller):
         self.decide(grad_stats)
         self._unreported = True
 
-    def _check(self, in_effect: Mapping[str, float], measured: Mapping[str, float],
+    def candidates(self) -> tuple[dict, ...]:
+        """The codecs the exact replay trial-encodes each slot with (besides sz)."""
+        return FAMILIES[self.options.codecs]
+
+    def size_rels(self) -> tuple[float, ...]:
+        """Where the exact replay measures each slot's sz bytes: the ladder, when bytes decide (budget mode) or
+        sz competes with other codecs on bytes; nothing otherwise."""
+        return budget.size_rels(self.options.max_rel) if self.options.budget or self.candidates() else ()
+
+    def _check(self, in_effect: Mapping[str, dict], measured: Mapping[str, float],
                grad_stats: Mapping[str, GradStat], capture: Capture) -> dict[str, dict[str, float]]:
         """Per module, the squared gradient error the bounds in effect before this probe were predicted to cause
         (with this probe's sensitivities) and the one a replay with all of them compressed measured (averaged over
@@ -245,10 +311,10 @@ class AdaptiveController(Controller):
         mean, world = _mean_over_ranks([measured.get(m, 0.0) for m in modules],
                                        next((p.device for p in capture.model.parameters()), torch.device("cpu")))
         predicted = {m: 0.0 for m in modules}
-        for key, bound in in_effect.items():
+        for key in in_effect:
             slot = self.slots[key]
             for module, sensitivity in slot.sensitivity.items():
-                predicted[module] += sensitivity * slot.kappa * bound ** 2 / 3
+                predicted[module] += sensitivity * slot.variance()
         return {m: {"predicted": predicted[m], "measured": value / world,
                     "grad_sq": grad_stats[m].norm ** 2 if m in grad_stats else 0.0}
                 for m, value in zip(modules, mean)}
@@ -259,7 +325,7 @@ class AdaptiveController(Controller):
         if not self._unreported:
             return None
         self._unreported = False
-        slots = {key: {"codec": spec_from_config(sz_abs(slot.bound)) if slot.bound > 0 else "none",
+        slots = {key: {"codec": spec_from_config(slot.config()),
                        "bound": slot.bound, "rel": slot.bound / slot.value_range if slot.value_range > 0 else 0.0}
                  for key, slot in self.slots.items()}
         record: dict = {"probe": self.probes, "slots": slots, "predicted_error": self.predicted_error(),
@@ -267,9 +333,13 @@ class AdaptiveController(Controller):
         if self.check:
             record["check_predicted_total"] = sum(row["predicted"] for row in self.check.values())
             record["check_measured_total"] = sum(row["measured"] for row in self.check.values())
-        if self.options.budget:
-            record["budget_bytes"], record["predicted_bytes"] = self.options.budget, self.predicted_bytes()
+        if self.byte_budget():
+            record["budget_bytes"], record["predicted_bytes"] = self.byte_budget(), self.predicted_bytes()
         return record
+
+    def byte_budget(self) -> float:
+        """The bytes the decisions are held to (0: none, the ``alpha`` rule decides)."""
+        return self.options.budget
 
     def _to_measure(self, seen: Mapping[str, object]) -> list[str]:
         """Slots to perturb this probe: every one never measured, then the oldest measured ones (closed forms,
@@ -280,13 +350,15 @@ class AdaptiveController(Controller):
         return fresh + stale[:self.options.reruns]
 
     def _reduce_over_ranks(self, capture: Capture) -> None:
-        """Average sensitivities, kappa and ranges over ranks; the averaged gradient's error is 1/world of one rank's."""
+        """Average sensitivities, kappa, ranges, sizes and trial encodes over ranks (a trial is safe only where it is
+        safe on every rank: the mean of the 0/1 flags is 1); the averaged gradient's error is 1/world of one rank's."""
         keys = sorted(self.slots)
         modules = sorted({m for key in keys for m in self.slots[key].sensitivity})
         flat = [v for key in keys for v in (self.slots[key].kappa, self.slots[key].value_range)]
         flat += [self.slots[key].sensitivity.get(m, 0.0) for key in keys for m in modules]
-        sized = [key for key in keys if self.slots[key].sizes]  # budget mode: the same ladder on every rank
+        sized = [key for key in keys if self.slots[key].sizes]  # the same ladder on every rank
         flat += [size for key in sized for size in self.slots[key].sizes] + [self.fixed_bytes]
+        flat += [t[name] for key in keys for t in self.slots[key].trials for name in TRIAL_STATS]
         device = next((p.device for p in capture.model.parameters()), torch.device("cpu"))
         mean, world = _mean_over_ranks(flat, device)
         if world == 1:
@@ -301,6 +373,11 @@ class AdaptiveController(Controller):
             count = len(self.slots[key].sizes)
             self.slots[key].sizes, start = mean[start:start + count], start + count
         self.fixed_bytes = mean[start]
+        start += 1
+        for key in keys:
+            for t in self.slots[key].trials:
+                t.update(zip(TRIAL_STATS, mean[start:start + len(TRIAL_STATS)]))
+                start += len(TRIAL_STATS)
 
     def decide(self, grad_stats: Mapping[str, GradStat]) -> None:
         """Each slot's bound from the budget (module docstring); slots that reach no module get the cap."""
@@ -320,13 +397,38 @@ class AdaptiveController(Controller):
                        if s > 0 and slot.kappa > 0 and m in grad_stats and grad_stats[m].norm > 0]
             bound = min([math.sqrt(square) for square in squares] + [cap])
             slot.bound = _on_grid(bound) if bound > 0 else 0.0
+            slot.codec = self._cheapest(slot, slot.kappa * bound ** 2 / 3)
+
+    def _cheapest(self, slot: Slot, allowed: float) -> dict | None:
+        """The codec of fewest measured bytes among those whose measured error variance is at most ``allowed``
+        (the variance the budget gives the slot): a usable trial codec, or None for sz at the slot's bound
+        (its bytes interpolated on the ladder), which wins ties and whatever was not measured."""
+        best, fewest = None, math.inf
+        if slot.bound > 0:
+            fewest = self._sz_bytes(slot) if slot.sizes else 0.0
+        for trial in slot.trials:
+            if usable(trial) and trial["mse"] <= allowed and trial["nbytes"] < fewest:
+                best, fewest = trial["codec"], trial["nbytes"]
+        return best
+
+    def _sz_bytes(self, slot: Slot) -> float:
+        """sz's predicted packed bytes at the slot's bound: interpolated on the measured ladder (a bound outside
+        it counts as the ladder's nearest end), at most the tensor's own bytes."""
+        rels = budget.size_rels(self.options.max_rel)
+        rel = min(max(slot.bound / slot.value_range, min(rels)), max(rels))
+        return min(budget.packed_bytes(rels, slot.sizes, rel), float(slot.nbytes))
 
     def choices(self, grad_stats: Mapping[str, GradStat]) -> dict[str, list[budget.Choice]]:
-        """Budget mode: each slot's candidate bounds with predicted bytes and error (:func:`budget.choices`)."""
+        """Budget mode: each slot's candidate bounds with predicted bytes and error (:func:`budget.choices`), and
+        its usable trial codecs at their measured bytes and error variance."""
         rels = budget.size_rels(self.options.max_rel)
-        return {key: budget.choices(slot.nbytes, slot.value_range, rels, slot.sizes,
-                                    budget.error_weight(slot.sensitivity, grad_stats) * slot.kappa / 3)
-                for key, slot in self.slots.items()}
+        options = {}
+        for key, slot in self.slots.items():
+            weight = budget.error_weight(slot.sensitivity, grad_stats)
+            bounds = budget.choices(slot.nbytes, slot.value_range, rels, slot.sizes, weight * slot.kappa / 3)
+            options[key] = budget.with_codecs(bounds, [budget.Choice(0.0, t["nbytes"], weight * t["mse"], t["codec"])
+                                                       for t in slot.trials if usable(t)])
+        return options
 
     def decide_for_bytes(self, grad_stats: Mapping[str, GradStat]) -> None:
         """Budget mode: the bounds of least predicted error whose predicted bytes fit ``options.budget``
@@ -338,7 +440,7 @@ class AdaptiveController(Controller):
         options = self.choices(grad_stats)
         chosen = budget.allocate(options, self.options.budget * (1 - budget.HEADROOM), self.fixed_bytes)
         for key, index in chosen.items():
-            self.slots[key].bound = options[key][index].bound
+            self.slots[key].bound, self.slots[key].codec = options[key][index].bound, options[key][index].codec
         least = budget.total_bytes(options, {key: len(o) - 1 for key, o in options.items()}, self.fixed_bytes)
         if least > self.options.budget and not self.budget_warned:
             self.budget_warned = True
@@ -351,12 +453,12 @@ class AdaptiveController(Controller):
 
     def predicted_bytes(self) -> float:
         """Budget mode: the packed bytes of a step's saved tensors the current bounds are predicted to take."""
-        rels = budget.size_rels(self.options.max_rel)
         total = self.fixed_bytes
         for slot in self.slots.values():
-            if slot.bound > 0 and slot.sizes and slot.value_range > 0:
-                rel = min(max(slot.bound / slot.value_range, min(rels)), max(rels))
-                total += min(budget.packed_bytes(rels, slot.sizes, rel), slot.nbytes)
+            if slot.codec is not None:
+                total += slot.trial(slot.codec)["nbytes"]
+            elif slot.bound > 0 and slot.sizes and slot.value_range > 0:
+                total += self._sz_bytes(slot)
             else:
                 total += slot.nbytes
         return total
@@ -365,10 +467,20 @@ class AdaptiveController(Controller):
         """Per module, the squared gradient error the current bounds are predicted to cause (sum_i S_im v_i)."""
         error: dict[str, float] = {}
         for slot in self.slots.values():
-            variance = slot.kappa * slot.bound ** 2 / 3
+            variance = slot.variance()
             for module, sensitivity in slot.sensitivity.items():
                 error[module] = error.get(module, 0.0) + sensitivity * variance
         return error
+
+
+#: What a trial encode measured, averaged over ranks.
+TRIAL_STATS = ("nbytes", "mse", "safe")
+
+
+def usable(trial: Mapping) -> bool:
+    """Whether a trial codec may be chosen: it encoded the tensor (on every rank), and its error keeps what the
+    sensitivity model needs (:func:`hpcdl.runtime.trials.sign_safe`, on every rank)."""
+    return trial["safe"] >= 1.0 and math.isfinite(trial["nbytes"]) and math.isfinite(trial["mse"])
 
 
 def _owners(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[str]:
@@ -408,4 +520,67 @@ def _agrees(closed: Mapping[str, float], measured: Mapping[str, float]) -> bool:
     return total > 0 and got > 0 and outside <= 0.1 * got and 1 / CLOSED_FORM_TOLERANCE <= got / total <= CLOSED_FORM_TOLERANCE
 
 
+class ActnnController(AdaptiveController):
+    """The ActNN baseline (Chen et al., 2021): 1, 2, 4 or 8 quant bits per slot, from the adaptive controller's
+    measured sensitivities, under a byte budget of ``bits`` average bits per element of the compressed slots
+    plus quant's headers and per-group statistics as measured (docs/adaptive.md, "The ActNN baseline").
+
+    The probes are the adaptive controller's (sensitivities measured with sz, trial encodes restricted to quant);
+    the allocation is its multiple-choice knapsack (:func:`budget.allocate`) over each slot's four quant points.
+    Every slot that quant can encode is compressed (ActNN keeps none exact, and quantizes ReLU outputs too: the
+    sign check of the adaptive controller does not apply); the others (smaller than the session's threshold,
+    or with NaN/Inf) stay as they are, outside the budget.
+    """
+
+    def __init__(self, options: ActnnOptions | None = None):
+        self.actnn = options or ActnnOptions()
+        if not min(QUANT_BITS) <= self.actnn.bits <= max(QUANT_BITS):
+            raise PolicySpecError(f"actnn option bits is the average quant bits per element, between {min(QUANT_BITS)} "
+                                  f"and {max(QUANT_BITS)}; got {self.actnn.bits!r}")
+        super().__init__(AdaptiveOptions(probe_every=self.actnn.probe_every, reruns=self.actnn.reruns,
+                                         probe_rel=self.actnn.probe_rel, codecs="quant"))
+        self.budget_bytes = 0.0
+
+    def describe(self) -> str:
+        bits = int(self.actnn.bits) if self.actnn.bits == int(self.actnn.bits) else self.actnn.bits
+        return spec_from_config({"id": self.actnn.controller_id, **self.actnn.changed(), "bits": bits})
+
+    def size_rels(self) -> tuple[float, ...]:
+        return ()  # sz is no candidate: no ladder
+
+    def byte_budget(self) -> float:
+        return self.budget_bytes
+
+    def choices(self, grad_stats: Mapping[str, GradStat]) -> dict[str, list[budget.Choice]]:
+        """Each slot quant encodes: its quant points at their measured bytes and error variance."""
+        options = {}
+        for key, slot in self.slots.items():
+            weight = budget.error_weight(slot.sensitivity, grad_stats)
+            points = [budget.Choice(0.0, t["nbytes"], weight * t["mse"], t["codec"]) for t in slot.trials
+                      if math.isfinite(t["nbytes"]) and math.isfinite(t["mse"])]
+            if points:
+                options[key] = budget.walk_order(points)
+        return options
+
+    def decide(self, grad_stats: Mapping[str, GradStat]) -> None:
+        """The quant bits of least predicted error within ``bits`` per element (:func:`budget.allocate`)."""
+        options = self.choices(grad_stats)
+        for slot in self.slots.values():
+            slot.bound, slot.codec = 0.0, None
+        self.budget_bytes = sum(self._uniform_bytes(self.slots[key]) for key in options)
+        for key, index in budget.allocate(options, self.budget_bytes).items():
+            self.slots[key].codec = options[key][index].codec
+
+    def _uniform_bytes(self, slot: Slot) -> float:
+        """A slot's share of the budget: ``bits`` per element, plus the headers and statistics quant measured (the
+        1-bit encode's bytes less its codes)."""
+        one_bit = next(t["nbytes"] for t in slot.trials if t["codec"]["bits"] == 1)
+        return one_bit + (self.actnn.bits - 1) * slot.numel / 8
+
+    def predicted_bytes(self) -> float:
+        """The packed bytes of the quantized slots (the budget's scope)."""
+        return sum(slot.trial(slot.codec)["nbytes"] for slot in self.slots.values() if slot.codec is not None)
+
+
 register_controller("adaptive", lambda options: AdaptiveController(AdaptiveOptions.parse(options)))
+register_controller("actnn", lambda options: ActnnController(ActnnOptions.parse(options)))

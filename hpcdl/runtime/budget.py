@@ -46,11 +46,25 @@ def size_rels(max_rel: float) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class Choice:
-    """One bound a slot may take, with its predicted packed bytes and predicted gradient error."""
+    """One bound (or codec) a slot may take, with its predicted packed bytes and predicted gradient error."""
 
-    bound: float  # 0: kept as it is
+    bound: float  # sz abs bound; 0 with no codec: kept as it is
     nbytes: float
     error: float
+    codec: dict | None = None  # another codec than sz (a trial encode's, hpcdl.runtime.trials)
+
+
+def with_codecs(options: Sequence[Choice], codecs: Sequence[Choice]) -> list[Choice]:
+    """A slot's sz choices (:func:`choices`, kept exact first) with other codecs' points added, in the order the
+    allocation walks them: most bytes first (ties: least error first). Points that save nothing over keeping
+    the tensor as it is are left out."""
+    added = [c for c in codecs if c.nbytes < options[0].nbytes and math.isfinite(c.error)]
+    return walk_order([*options, *added])
+
+
+def walk_order(options: Sequence[Choice]) -> list[Choice]:
+    """Choices in the order the allocation walks them: most bytes first (ties: least error first)."""
+    return sorted(options, key=lambda c: (-c.nbytes, c.error))
 
 
 def packed_bytes(rels: Sequence[float], sizes: Sequence[float], rel: float) -> float:

@@ -16,8 +16,12 @@ A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like th
      Conv layer, which slot its input is and the squared norm of its output gradient (for the closed form);
    * in the adaptive controller's budget mode the exact replay also records each slot's packed ``sz`` bytes at
      a ladder of bounds (``size_rels``), and the bytes of everything saved (``Replay.held_bytes``);
+   * with codec choice on (the controller's ``codecs`` family), the exact replay also trial-encodes each slot
+     with the family's candidate codecs (:mod:`hpcdl.runtime.trials`: bytes, mean squared error) and records
+     the ``sz`` size ladder, so the controller can compare them with ``sz`` at any bound;
    * a *perturbed* replay compresses one slot with ``sz`` at its probe bound and keeps the rest exact; its
-     gradients minus the exact ones are that slot's measured effect, per module.
+     gradients minus the exact ones are that slot's measured effect, per module. The check replay compresses
+     every slot with the codec in effect.
 
 The replays hold the step's activations uncompressed (they measure against exact gradients), so a probe step
 needs the memory of an uncompressed step; see docs/adaptive.md.
@@ -35,6 +39,7 @@ from torch import nn
 from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
 from hpcdl.runtime.session import compressed
+from hpcdl.runtime.trials import Trial, sample, trial, whole_bytes
 
 #: Layers whose saved input enters only their weight gradient, linearly: the closed form applies.
 CLOSED_FORM_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -129,7 +134,8 @@ class SlotRecord:
     trial_mse: float = 0.0  # mean squared error of an sz abs encode at trial_bound
     storage: tuple = ()
     nbytes: int = 0         # the tensor's bytes as autograd would hold it
-    sizes: list[int] = field(default_factory=list)  # sz abs packed bytes at each of the policy's size_rels
+    sizes: list[float] = field(default_factory=list)  # sz abs packed bytes at each of the policy's size_rels
+    trials: list[Trial] = field(default_factory=list)  # the candidate codecs' trial encodes
 
 
 @dataclass
@@ -165,12 +171,14 @@ class RecordingPolicy(Policy):
     """The replay's policy: names each slot as training does; records it (exact replay) or compresses one slot."""
 
     def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
-                 perturb: dict[str, float] | None = None, size_rels: tuple[float, ...] = ()):
+                 perturb: dict[str, dict] | None = None, size_rels: tuple[float, ...] = (),
+                 candidates: tuple[dict, ...] = (), threshold: int = 0):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
         self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
-        self.perturb = perturb or {}
+        self.candidates, self.threshold = candidates, threshold  # exact replay: trial encodes of these codecs
+        self.perturb = perturb or {}  # slot -> the codec config it is compressed with (the rest kept exact)
         self.slots: dict[str, SlotRecord] = {}
         self._key = ""
 
@@ -184,7 +192,7 @@ class RecordingPolicy(Policy):
     def codec_for(self, info: SavedTensorInfo):
         if info.kind != "activation" or self._key not in self.perturb:
             return None
-        return self.codec(sz_abs(self.perturb[self._key]))
+        return self.codec(self.perturb[self._key])
 
     def _record(self, tensor: torch.Tensor, bound: float | None) -> SlotRecord:
         data = tensor.detach()
@@ -199,8 +207,12 @@ class RecordingPolicy(Policy):
             error = codec.decode(codec.encode(source)).double() - source.double()
             record.trial_mse = float(error[torch.isfinite(error)].square().mean()) if error.numel() else 0.0
         if record.value_range > 0:
-            record.sizes = [self.codec(sz_abs(rel * record.value_range)).encode(source).nbytes for rel in self.size_rels]
+            part = sample(source)
+            record.sizes = [whole_bytes(self.codec(sz_abs(rel * record.value_range)).encode(part), source, part)
+                            for rel in self.size_rels]
+        record.trials = [trial(config, source, self.codec, self.threshold) for config in self.candidates]
         return record
+
 
 
 @contextlib.contextmanager

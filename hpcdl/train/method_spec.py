@@ -59,9 +59,9 @@ class Method:
 
     ``kind`` is the ``compression.method`` family it selects, named as the study records it: ``baseline``,
     ``recompute``, ``offload``, ``codec``, ``recompute+codec`` or ``recompute+offload``. For the codec
-    kinds ``policy`` is the policy spec (``sz:rel=1e-2``) and ``codec`` what goes to ``compression.codec``, as
-    pairs: a static policy's codec config, or a controller's config (``adaptive:alpha=1e-3`` -> ``{id: adaptive,
-    alpha: 0.001}``); empty for a Method built by hand without one.
+    kinds ``policy`` is the policy spec (``sz:rel=1e-2``) and ``codec`` its codec config as pairs, or for a
+    controller's policy (``adaptive``, ``actnn:bits=2``) the controller's config, which ``compression.codec``
+    takes as well (empty for a policy that is neither, such as one routing masks or indices).
     """
 
     spec: str
@@ -154,7 +154,7 @@ def parse_method(spec: str) -> Method:
         return Method(spec=spec, kind=spec)
     recompute = spec.startswith(RECOMPUTE_PREFIX)
     policy_spec = spec[len(RECOMPUTE_PREFIX):] if recompute else spec
-    from hpcdl.runtime.policy import Policy, StaticController, config_from_spec, policy_from_spec
+    from hpcdl.runtime.policy import Policy, StaticController, config_from_spec, is_controller_config, policy_from_spec
 
     try:
         policy = policy_from_spec(policy_spec)
@@ -167,9 +167,10 @@ def parse_method(spec: str) -> Method:
         return Method(spec=spec, kind="recompute" if recompute else "baseline")
     assert isinstance(policy, Policy)
     controller = policy.controller
-    # A static policy's codec config, or a controller's config ({id: adaptive, ...}): both go to compression.codec.
-    config = controller.config if isinstance(controller, StaticController) else config_from_spec(policy_spec)
-    codec = tuple(config.items()) if config else ()
+    codec = tuple(controller.config.items()) if isinstance(controller, StaticController) and controller.config else ()
+    config = config_from_spec(policy_spec)
+    if config is not None and is_controller_config(config):
+        codec = tuple(config.items())
     return Method(spec=spec, kind="recompute+codec" if recompute else "codec", codec=codec, policy=policy_spec)
 
 

@@ -1,0 +1,239 @@
+"""Best-fit codec per saved tensor (``Policy.adaptive()``'s codec choice) and the ActNN baseline (``actnn:bits=2``).
+
+A slot of two distinct values is stored exactly; quant wins where it meets the error target in fewer bytes and sz
+where sz does; budget mode with codec choice keeps its byte budget; the ActNN baseline packs within its bits
+and uses only quant at 1, 2, 4 or 8 bits; its method spec runs a training step. (The gradient-error prediction
+with codec choice on is tests/test_adaptive.py's test_predicted_gradient_error_matches_the_measured_one: codec
+choice is the default.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hpcdl
+from hpcdl.compress import CodecError, get_codec
+from hpcdl.compress.quant import Quant
+from hpcdl.runtime import Policy
+from hpcdl.runtime.adaptive import AdaptiveController, AdaptiveOptions, Slot
+from hpcdl.runtime.budget import size_rels
+from hpcdl.runtime.policy import GradStat
+from hpcdl.runtime.probe import RecordingPolicy
+from hpcdl.runtime.trials import FAMILIES, QUANT_BITS
+from hpcdl.train.method_spec import parse_method
+
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_models import WideCNN, wide_cnn_batch  # noqa: E402
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.reshape(-1).view(torch.uint8),
+                                                                     b.reshape(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_levels_decodes_bit_identically(dtype):
+    codec = get_codec({"id": "levels"})
+    scale = ((torch.rand(4, 1000) > 0.1) / 0.9).to(dtype)
+    packed = codec.encode(scale)
+    assert _same_bits(codec.decode(packed), scale)
+    assert packed.nbytes < scale.numel() / 8 + 100  # one bit per element
+    odd = torch.tensor([0.0, -0.0, float("nan"), float("-inf"), 3.0], dtype=dtype)  # -0.0 and NaN are levels too
+    assert _same_bits(codec.decode(codec.encode(odd)), odd)
+    with pytest.raises(ValueError, match="at most 256 distinct values"):
+        codec.encode(torch.arange(300, dtype=dtype))
+    broken = codec.encode(scale)
+    with pytest.raises(CodecError):
+        codec.decode(type(broken)(broken.header, broken.data[:-1]))
+
+
+class ScaleDropout(nn.Module):
+    """Dropout written as ``x * scale`` with a float scale tensor of two values (0 and 1 / (1 - p)): the
+    multiplication saves the scale tensor for backward."""
+
+    def forward(self, x):
+        return x * ((torch.rand_like(x) > 0.25).to(x.dtype) / 0.75)
+
+
+def _dropout_case():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), ScaleDropout(), nn.Linear(128, 8))
+    return model, torch.randn(256, 64), torch.randn(256, 8)
+
+
+def _step(model, x, target, policy):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with hpcdl.compressed(model, policy) as session:
+        loss = (model(x) * target).sum()
+    loss.backward()
+    if policy.wants_gradients():
+        policy.record_gradients(model)
+    return session
+
+
+def test_a_two_valued_slot_is_stored_exactly():
+    model, x, target = _dropout_case()
+    policy = Policy.adaptive()
+    _step(model, x, target, policy)  # the probe
+    slot = policy.controller.slots["2#0"]  # ScaleDropout's saved scale tensor
+    assert slot.codec == {"id": "levels"}
+    assert slot.trial(slot.codec)["mse"] == 0 and slot.variance() == 0
+    assert policy.controller.report()["slots"]["2#0"]["codec"] == "levels"
+    # The step after the probe: the session packs the scale with levels and backward gets the very bits back.
+    saved = []
+    codec = policy.codec(slot.codec)
+    original_encode = type(codec).encode
+
+    def encode(self, tensor):
+        saved.append(tensor.clone())
+        return original_encode(self, tensor)
+
+    with mock.patch.object(type(codec), "encode", encode):
+        _step(model, x, target, policy)
+    assert len(saved) == 1 and torch.unique(saved[0]).numel() == 2
+    assert _same_bits(codec.decode(codec.encode(saved[0])), saved[0])
+
+
+def _controller_on(tensor: torch.Tensor, allowed: float) -> AdaptiveController:
+    """A controller with one slot holding ``tensor`` as a probe records it (trial encodes, sz ladder), whose
+    budget allows the error variance ``allowed``: one module of sensitivity 1 and ||g||^2 = allowed / alpha."""
+    controller = AdaptiveController()
+    recorder = RecordingPolicy({}, size_rels=size_rels(controller.options.max_rel), candidates=FAMILIES["all"])
+    record = recorder._record(tensor, None)
+    slot = Slot(numel=record.numel, value_range=record.value_range, nbytes=record.nbytes, sizes=record.sizes,
+                trials=[vars(trial) for trial in record.trials], kappa=record.trial_mse / (record.trial_bound ** 2 / 3),
+                sensitivity={"m": 1.0}, measured_bound=record.value_range)
+    controller.slots["t#0"] = slot
+    controller.decide({"m": GradStat(norm=math.sqrt(allowed / controller.options.alpha), max_abs=1.0, numel=1)})
+    return controller
+
+
+def test_quant_is_chosen_where_it_meets_the_target_in_fewer_bytes_than_sz():
+    noise = torch.rand(65536, generator=torch.Generator().manual_seed(0)) + 1.0  # no structure for sz's predictor
+    quant8 = {"id": "quant", "bits": 8, "seed": 0}
+    probe = _controller_on(noise, 1.0).slots["t#0"]
+    allowed = 1.05 * probe.trial(quant8)["mse"]
+    controller = _controller_on(noise, allowed)
+    slot = controller.slots["t#0"]
+    assert slot.codec == quant8, slot.codec
+    assert slot.variance() <= allowed
+    assert slot.trial(quant8)["nbytes"] < controller._sz_bytes(slot)  # measured: quant is the smaller
+
+
+def test_sz_is_chosen_where_it_meets_the_target_in_fewer_bytes_than_quant():
+    generator = torch.Generator().manual_seed(0)
+    spiky = torch.randn(65536, generator=generator) * (1 + 50 * (torch.rand(65536, generator=generator) < 0.01))
+    # a spike in most groups of 256 sets quant's step; sz's bins follow the bound, whatever the spikes
+    quant8 = {"id": "quant", "bits": 8, "seed": 0}
+    allowed = 1.05 * _controller_on(spiky, 1.0).slots["t#0"].trial(quant8)["mse"]
+    controller = _controller_on(spiky, allowed)
+    slot = controller.slots["t#0"]
+    assert slot.codec is None and slot.config()["id"] == "sz"
+    assert slot.variance() <= allowed
+    assert controller._sz_bytes(slot) < slot.trial(quant8)["nbytes"]
+
+
+def test_a_codec_that_moves_values_across_zero_is_not_offered_where_the_tensor_has_zeros():
+    relu = F.relu(torch.randn(65536, generator=torch.Generator().manual_seed(0)))  # a ReLU output: half zeros
+    controller = _controller_on(relu, 1.0)  # a loose target: every codec meets it
+    slot = controller.slots["t#0"]
+    quant = [t for t in slot.trials if t["codec"]["id"] == "quant"]
+    assert quant and all(t["safe"] == 0 for t in quant)  # quant decodes zeros to nonzero values
+    assert slot.codec is None or slot.codec["id"] != "quant"
+
+
+UNCOMPRESSED = 2_196_292  # bytes the CNN's step saves uncompressed (tests/test_adaptive_budget.py)
+
+
+def _cnn_step(model, policy, seed: int = 0):
+    x, y = wide_cnn_batch(8, torch.Generator().manual_seed(seed), size=32)
+    model.zero_grad(set_to_none=True)
+    with hpcdl.compressed(model, policy) as session:
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    if policy.wants_gradients():
+        policy.record_gradients(model)
+    return session.stats
+
+
+@pytest.mark.parametrize("fraction", [1 / 6, 1 / 12])
+def test_budget_mode_with_codec_choice_packs_within_the_budget(fraction):
+    budget = int(UNCOMPRESSED * fraction)
+    torch.manual_seed(0)
+    model = WideCNN(channels=8, depth=4)
+    policy = Policy.adaptive(budget=budget, probe_every=10**6)
+    _cnn_step(model, policy)
+    controller = policy.controller
+    assert controller.options.codecs == "all" and controller.predicted_bytes() <= budget
+    for seed in (0, 1):
+        stats = _cnn_step(model, policy, seed)
+        assert stats.packed_bytes <= budget, (stats.packed_bytes, budget)
+
+
+def test_actnn_packs_within_its_bits_with_quant_at_1_2_4_or_8_bits():
+    torch.manual_seed(0)
+    model = WideCNN(channels=8, depth=4)
+    policy = hpcdl.runtime.policy_from_spec("actnn:bits=2")
+    assert policy.describe() == "actnn:bits=2"
+    _cnn_step(model, policy)  # the probe
+    controller = policy.controller
+    chosen = [slot.codec for slot in controller.slots.values() if slot.codec is not None]
+    assert chosen and all(c["id"] == "quant" and c["bits"] in QUANT_BITS for c in chosen)
+    assert len({c["bits"] for c in chosen}) > 1  # allocated per slot, not uniform
+    quantized = [slot for slot in controller.slots.values() if slot.codec is not None]
+    assert controller.byte_budget() == pytest.approx(sum(slot.trial({**QUANT_ONE_BIT})["nbytes"] + slot.numel / 8
+                                                         for slot in quantized))
+    packed = []
+    original_encode = Quant.encode
+
+    def encode(self, tensor):
+        result = original_encode(self, tensor)
+        packed.append(result.nbytes)
+        return result
+
+    for seed in (0, 1):
+        packed.clear()
+        with mock.patch.object(Quant, "encode", encode):
+            _cnn_step(model, policy, seed)
+        assert len(packed) == len(quantized) and sum(packed) <= controller.byte_budget(), (sum(packed), controller.byte_budget())
+    record = controller.report()
+    assert record["budget_bytes"] == controller.byte_budget() >= record["predicted_bytes"]
+    assert {row["codec"] for row in record["slots"].values()} - {"none"} <= {f"quant:bits={b},seed=0" for b in QUANT_BITS}
+
+
+QUANT_ONE_BIT = {"id": "quant", "bits": 1, "seed": 0}
+
+
+def test_actnn_method_spec_runs_a_training_step(tmp_path):
+    from hpcdl.train import load_config, run_training
+
+    method = parse_method("actnn:bits=2")
+    assert method.kind == "codec" and method.codec_config == {"id": "actnn", "bits": 2}
+    assert hpcdl.runtime.policy_from_spec(method.policy).describe() == "actnn:bits=2"
+    config = load_config("hep-particles", overrides=[
+        "data.dataset=synthetic", "data.synthetic_samples=32", "model.scale=tiny", "train.batch=16",
+        "train.steps_per_epoch=2", "train.epochs=1", "logging.progress=false", *method.overrides()])
+    result = run_training(config, run_dir=tmp_path / "run")
+    assert result.steps == 2 and result.method == "codec:actnn:bits=2"
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    decisions = [record for record in records if record["kind"] == "compression"]
+    assert decisions and decisions[0]["predicted_bytes"] <= decisions[0]["budget_bytes"]
+    assert any(row["codec"].startswith("quant:bits=") for row in decisions[0]["slots"].values())
+
+
+def test_bad_codec_choice_options_say_what_is_right():
+    with pytest.raises(hpcdl.runtime.PolicySpecError, match="codecs is one of all, sz, quant"):
+        hpcdl.runtime.policy_from_spec("adaptive:codecs=zfp")
+    with pytest.raises(hpcdl.runtime.PolicySpecError, match="between 1 and 8"):
+        hpcdl.runtime.policy_from_spec("actnn:bits=12")
+    assert AdaptiveOptions.parse({"codecs": "sz"}).codecs == "sz"
