@@ -166,8 +166,8 @@ def test_a_tiny_adaptive_study_run_records_its_decisions_and_reports_them(tmp_pa
     adaptive = by_method["adaptive:probe_every=2"]
     decisions = adaptive["decisions"]
     assert [entry["step"] for entry in decisions] == [1, 3]
-    assert all(codec == "none" or codec.startswith("sz:abs=") for entry in decisions
-               for codec, _rel in entry["slots"].values())
+    chosen = {codec.split(":")[0] for entry in decisions for codec, _rel in entry["slots"].values()}
+    assert chosen <= {"none", "sz", "quant", "cast", "levels"} and "sz" in chosen
     assert any(rel and rel > 0 for _codec, rel in decisions[0]["slots"].values())
     assert "check_measured_total" not in decisions[0] and decisions[1]["check_measured_total"] > 0
     assert decisions[1]["check_predicted_total"] > 0 and decisions[0]["ratio"] > 1
