@@ -85,6 +85,14 @@ def run_demo(out_dir: str | Path = "runs/demo", epochs: int = 2, steps_per_epoch
     return rows, missing
 
 
+def elapsed_line(seconds: float) -> str:
+    """The demo's last line: its wall time, from the command's start (torch's import included, the install not).
+
+    CI's newcomer check (tools/check_newcomer.py) reads it and fails a demo slower than 3 minutes.
+    """
+    return f"demo time: {seconds:.0f} s (trainings and batch searches; the install is not counted)"
+
+
 def format_table(rows: list[DemoRow], missing: dict[str, str]) -> str:
     """The demo's table: one line per (model, method), then where the runs are.
 
