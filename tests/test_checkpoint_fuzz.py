@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hpcdl.train import load_config, run_training
 from hpcdl.train.checkpoint import checksum_path, list_checkpoints
@@ -53,6 +54,7 @@ def fuzz_cases(count: int, checkpoint_size: int, sidecar_size: int, seed: int = 
     return cases
 
 
+@pytest.mark.slow
 def test_damaged_checkpoints_fall_back_or_are_named_errors_never_crashes_or_wrong_weights(tmp_path, capsys):
     run = tmp_path / "run"
     run_training(load_config("hep-particles", overrides=TINY), run_dir=run)
