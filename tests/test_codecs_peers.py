@@ -147,3 +147,47 @@ def test_corrupted_and_truncated_streams_never_reach_the_library(codec_id):
     other = "zfp" if codec_id == "sz3" else "sz3"
     with pytest.raises(CodecError, match=f"made by codec '{codec_id}'"):
         get_codec({"id": other}).decode(packed)
+
+
+def _forged(codec_id: str, packed: Packed, data: torch.Tensor) -> Packed:
+    """``data`` under a header whose length and payload checksum match it: the library itself gets the bytes."""
+    from hpcdl.compress.checksum import payload_checksum
+    from hpcdl.compress.header import read_header, write_header
+
+    header = read_header(packed.header, codec_id, "dQ")
+    return Packed(write_header(codec_id, header.dtype, header.shape, "dQ", header.fields[0], data.numel(),
+                               checksum=payload_checksum(data)), data)
+
+
+def test_sz3_library_index_error_becomes_a_codec_error(monkeypatch):
+    """pysz reports some malformed streams as IndexError; decode names it inside a CodecError."""
+    codec = get_codec({"id": "sz3", "mode": "abs", "bound": 1e-3})
+    packed = codec.encode(smooth_field((30, 30)))
+
+    def index_error(*_args):
+        raise IndexError("SZ3 Huffman: payload length does not match its codes")
+
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(codec, "library", SimpleNamespace(sz=SimpleNamespace(decompress=index_error)))
+    with pytest.raises(CodecError, match="sz3 could not decode the stream: IndexError: SZ3 Huffman") as caught:
+        codec.decode(packed)
+    assert isinstance(caught.value.__cause__, IndexError)
+
+
+def test_sz3_corrupted_library_bytes_with_a_valid_checksum_are_codec_errors():
+    """Byte changes that the hpcdl checksum was forged to accept reach pysz itself: every one decodes or is a
+    CodecError (about a third of them are pysz's IndexError), never another exception type."""
+    codec = get_codec({"id": "sz3", "mode": "abs", "bound": 1e-3})
+    packed = codec.encode(smooth_field((30, 30)))
+    generator = torch.Generator().manual_seed(0)
+    causes = set()
+    for _ in range(40):
+        data = packed.data.clone()
+        data[torch.randint(len(data), (1,), generator=generator)] = torch.randint(256, (1,), generator=generator,
+                                                                                  dtype=torch.uint8)
+        try:
+            codec.decode(_forged("sz3", packed, data))
+        except CodecError as err:
+            causes.add(type(err.__cause__))
+    assert IndexError in causes, causes

@@ -1,13 +1,15 @@
-"""Stress: the demo's sequence of trainings and batch searches in one process, and the reader churn
+"""Stress: the demo's sequence of trainings and batch searches, 20 times in one process, and the reader churn
 that made it fail (issue 9: 'climate_0002.nc: cannot be read as netCDF4 (NetCDF: HDF error)',
 SIGSEGV/SIGBUS/SIGABRT in the second climate training). Before the I/O owner thread the churn
 failed in 20 of 20 trials (tools/repro_reader_race.py)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,13 +32,46 @@ def test_reader_churn_with_a_collector_thread_never_fails():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.slow
-def test_demo_sequence_twice_in_one_process(tmp_path):
-    """Climate then HEP, baseline and sz, each followed by a batch search, twice over in one process."""
-    from hpcdl.demo import run_demo
+def _collect_until(stop: threading.Event, collections: list[int]) -> None:
+    while not stop.wait(0.005):
+        gc.collect()
+        collections[0] += 1
 
-    for repeat in range(2):
-        rows, missing = run_demo(tmp_path / str(repeat), epochs=1, steps_per_epoch=2, budget="4MiB",
-                                 progress=False)
-        assert missing == {} and len(rows) == 4
-        assert all(row.steps == 2 and row.max_batch >= 1 for row in rows)
+
+@pytest.mark.slow
+def test_demo_sequence_twenty_times_in_one_process_with_a_collector_thread(tmp_path):
+    """The demo's own sequence (hpcdl.demo.run_demo: climate then HEP, baseline and sz, each training followed
+    by its batch search) 20 times in one process, while another thread runs the garbage collector every 5 ms,
+    so that the datasets of one run are collected at random points of the next run's reads: the race that
+    made the second climate training fail.
+
+    Cut to what the demo accepts at its smallest: 1 epoch of 1 step, and a batch search capped at batch 1
+    (``limit=1``) in one measuring process shared by all searches (``process=``). A first sequence runs
+    before the collector starts: it imports what the runs import lazily, and ``gc.freeze()`` after it keeps
+    those objects out of every later collection (a full collection of them takes 0.2 s, which would make
+    the collector hold the interpreter lock nearly all the time); what the runs create is still collected.
+    """
+    from hpcdl.demo import WORKLOADS, run_demo
+    from hpcdl.memory import MeasuringProcess
+
+    def one_sequence(repeat: int) -> None:
+        rows, missing = run_demo(tmp_path / str(repeat), epochs=1, steps_per_epoch=1, progress=False,
+                                 search_options={"limit": 1, "process": probes})
+        assert missing == {} and [row.workload for row in rows] == [w for w in WORKLOADS for _ in range(2)]
+        assert all(row.steps == 1 and row.max_batch == 1 for row in rows)
+
+    stop, collections = threading.Event(), [0]
+    collector = threading.Thread(target=_collect_until, args=(stop, collections), daemon=True)
+    with MeasuringProcess(threads=1) as probes:
+        one_sequence(0)
+        gc.collect()
+        gc.freeze()
+        collector.start()
+        try:
+            for repeat in range(1, 21):
+                one_sequence(repeat)
+        finally:
+            stop.set()
+            collector.join()
+            gc.unfreeze()
+    assert collections[0] > 20, "the collector thread must have run during the sequences"

@@ -24,3 +24,21 @@ def test_demo_trains_baseline_and_sz_and_reports_the_batch_that_fits(tmp_path):
     assert "deeplabv3p-climate (tiny)" in table and "sz rel 1e-2" in table and "NOT RUN: hep-jets" in table
     for row in rows:
         assert (Path(row.run_dir) / "summary.json").exists() and row.run_dir in table
+
+
+def test_the_demo_command_ends_with_its_time_in_the_form_ci_checks(monkeypatch, capsys, tmp_path):
+    """`hpcdl demo` prints `demo time: N s` last; tools/check_newcomer.py fails CI when N > 180."""
+    import importlib.util
+
+    import hpcdl.demo
+    from hpcdl.cli import main
+
+    monkeypatch.setattr(hpcdl.demo, "run_demo", lambda *args, **kwargs: ([], {}))
+    assert main(["demo", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    spec = importlib.util.spec_from_file_location("check_newcomer", Path(__file__).parents[1] / "tools" /
+                                                  "check_newcomer.py")
+    check_newcomer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_newcomer)
+    assert printed.splitlines()[-1].startswith("demo time: ")
+    assert check_newcomer.demo_seconds(printed) is not None and check_newcomer.check_time(printed) == []

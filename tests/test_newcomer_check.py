@@ -39,3 +39,31 @@ def test_a_missing_workload_a_weak_ratio_and_a_smaller_batch_fail():
     smaller = GOOD.replace("22 under", "11 under")
     assert any("less than the baseline's 12" in p for p in check_newcomer.check_table(smaller))
     assert check_newcomer.check_table("Traceback (most recent call last):\n") != []
+
+
+def test_a_demo_over_three_minutes_or_without_its_time_fails():
+    from hpcdl.demo import elapsed_line
+
+    within = GOOD + elapsed_line(179.6) + "\n"  # printed as 180 s: at the limit, not over it
+    assert check_newcomer.demo_seconds(within) == 180 and check_newcomer.check_time(within) == []
+    slow = GOOD + elapsed_line(181.0) + "\n"
+    assert check_newcomer.check_table(slow) == []  # the table alone is sound
+    assert check_newcomer.check_time(slow) == [
+        "the demo took 181 s, over its limit of 180 s (3 minutes, the install not counted): a newcomer's first "
+        "run must finish within 3 minutes on 2 cores"]
+    assert any("no 'demo time: N s' line" in p for p in check_newcomer.check_time(GOOD))
+
+
+def test_the_command_line_check_reads_the_time_and_exits_1_when_slow(tmp_path):
+    import subprocess
+    import sys
+
+    from hpcdl.demo import elapsed_line
+
+    for seconds, code in ((95.0, 0), (250.0, 1)):
+        stdout = tmp_path / f"stdout-{seconds:.0f}"
+        stdout.write_text(GOOD + elapsed_line(seconds) + "\n")
+        done = subprocess.run([sys.executable, str(ROOT / "tools" / "check_newcomer.py"), "--demo-table", str(stdout)],
+                              capture_output=True, text=True)
+        assert done.returncode == code, done.stderr
+        assert ("the demo took 250 s, over its limit of 180 s" in done.stderr) == (code == 1)

@@ -4,6 +4,7 @@ Standard library only: it runs before (and outside) the virtual environment the 
 
     python3 tools/check_newcomer.py --readme-command README.md   # print the command to run
     python3 tools/check_newcomer.py --demo-table STDOUT_FILE     # exit 1, saying why, unless the table is sound
+                                                                 # and the demo took at most 3 minutes
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ EXPECTED_ROWS = {
 }
 #: The least activation ratio the sz rows may show (the README reports 7.9x and 12.3x).
 MIN_SZ_RATIO = 3.0
+#: The most seconds the demo itself may take (issue 9: a newcomer's first run finishes within 3 minutes). The
+#: demo prints its own time (hpcdl.demo.elapsed_line), so the first run's install is not counted.
+DEMO_LIMIT_S = 180
+_DEMO_TIME = re.compile(r"^demo time: (\d+) s\b", re.M)
 
 
 def readme_command(path: str) -> str:
@@ -80,6 +85,23 @@ def check_table(text: str) -> list[str]:
     return problems
 
 
+def demo_seconds(text: str) -> int | None:
+    """The seconds the demo's last line reports, None if it printed no such line."""
+    found = _DEMO_TIME.search(text)
+    return int(found.group(1)) if found else None
+
+
+def check_time(text: str) -> list[str]:
+    """Whether the demo reported its time and stayed within DEMO_LIMIT_S (empty when it did)."""
+    seconds = demo_seconds(text)
+    if seconds is None:
+        return ["no 'demo time: N s' line in the demo's output; the demo must report how long it took"]
+    if seconds > DEMO_LIMIT_S:
+        return [f"the demo took {seconds} s, over its limit of {DEMO_LIMIT_S} s (3 minutes, the install not "
+                "counted): a newcomer's first run must finish within 3 minutes on 2 cores"]
+    return []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group(required=True)
@@ -89,7 +111,8 @@ def main() -> int:
     if args.readme_command:
         print(readme_command(args.readme_command))
         return 0
-    problems = check_table(Path(args.demo_table).read_text(encoding="utf-8"))
+    text = Path(args.demo_table).read_text(encoding="utf-8")
+    problems = check_table(text) + check_time(text)
     for problem in problems:
         print(f"check_newcomer: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 
 def register(subparsers) -> None:
@@ -22,10 +23,12 @@ def register(subparsers) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from hpcdl.demo import format_table, run_demo
+    started = time.monotonic()
+    from hpcdl.demo import elapsed_line, format_table, run_demo
 
     if args.epochs < 1:
         raise ValueError(f"--epochs must be >= 1, got {args.epochs}")
     rows, missing = run_demo(args.out, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, budget=args.budget)
     print(format_table(rows, missing))
+    print(elapsed_line(time.monotonic() - started))
     return 1 if missing else 0

@@ -91,12 +91,14 @@ def _seed_step(seed: int, step: int, rank: int) -> None:
     torch.manual_seed((seed * 1_000_003 + step) * 1_009 + rank)
 
 
-def measured_batch_search(config: dict, model_options: dict, budget_bytes: int, device: str = "cpu"):
+def measured_batch_search(config: dict, model_options: dict, budget_bytes: int, device: str = "cpu",
+                          **search_options):
     """The largest per-device batch of this config's model and method whose measured step peak fits.
 
     Each probe measures :func:`hpcdl.runtime.methods.train_step` under this config's activation
     method with this config's optimizer (rebuilt in the measuring process from the ``optimizer``
     section; its learning rate is taken at ``optimizer.base_batch``, which changes no memory).
+    ``search_options`` go to :func:`hpcdl.memory.search_batch` (``limit=``, ``process=``, ...).
     Returns :class:`hpcdl.memory.BatchSearch` (batch size, its peak, every probe).
     """
     from hpcdl import memory
@@ -105,7 +107,7 @@ def measured_batch_search(config: dict, model_options: dict, budget_bytes: int, 
     workload = (config["model"]["name"], config["model"]["scale"], model_options)
     return memory.search_batch(workload, None, budget_bytes, device=device, seed=config["train"]["seed"],
                                method=activation_method(config["compression"]),
-                               optimizer=optimizer_factory(optimizer, optimizer["base_batch"]))
+                               optimizer=optimizer_factory(optimizer, optimizer["base_batch"]), **search_options)
 
 
 def _auto_batch(config: dict, model_options: dict, backend):
