@@ -53,6 +53,9 @@ from hpcdl.units import human_bytes, parse_bytes
 CLOSED_FORM_TOLERANCE = 2.0
 #: A bound may grow at most this factor above the bound its sensitivity was measured at (see decide).
 GROWTH = 2.0
+#: The fields of a report that time the controller (:class:`_Clock`); they differ between runs and ranks.
+TIMING_FIELDS = ("controller_seconds", "wall_seconds", "controller_fraction", "controller_seconds_total",
+                 "controller_fraction_total")
 #: Bounds are rounded down to a grid of 2^(1/4) steps, so that a long run builds a bounded set of codecs.
 GRID_STEPS_PER_OCTAVE = 4
 
