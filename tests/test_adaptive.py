@@ -168,6 +168,20 @@ def test_a_resumed_controller_decides_what_an_uninterrupted_one_does():
     assert any(slot["bound"] > 0 for slot in whole.state_dict()["controller"]["slots"].values())
 
 
+def test_a_large_tensor_the_loss_saves_does_not_make_every_step_a_probe():
+    """The loss saves the model's output outside its forward, where no replay meets it: kept as it is, and the
+    probes still come every ``probe_every`` steps (before the fix, every other step on climate-deeplab)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512))
+    x = torch.randn(64, 64)  # the output, 64 x 512 floats, is above the session's 64 KiB threshold
+    policy = Policy.adaptive(probe_every=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(6):
+        train_step(model, Codec(policy), x, None, lambda out, _: out.square().mean(), optimizer)
+    assert policy.controller.probes == 2  # steps 0 and 3
+    assert not any(key.startswith("(outside)") for key in policy.controller.slots)
+
+
 def test_specs_and_configs_name_the_adaptive_policy():
     assert policy_from_spec("adaptive").describe() == "adaptive"
     policy = policy_from_spec("adaptive:alpha=1e-3,probe_every=50")

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 
 from hpcdl.runtime import budget
-from hpcdl.runtime.observe import ROOT
+from hpcdl.runtime.observe import OUTSIDE, ROOT
 from hpcdl.runtime.policy import (
     Controller,
     GradStat,
@@ -144,7 +144,8 @@ class AdaptiveController(Controller):
         key = self.names.next(info.module, info.step)
         slot = self.slots.get(key)
         if slot is None:
-            self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
+            if info.module != OUTSIDE:  # saved outside the model's forward (the loss): no replay ever meets it
+                self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
             return None
         return sz_abs(slot.bound) if slot.bound > 0 else None
 
