@@ -18,6 +18,7 @@ from torch import nn
 
 import hpcdl
 from hpcdl.runtime import Policy, PolicySpecError, policy_from_spec
+from hpcdl.runtime.adaptive import TIMING_FIELDS
 from hpcdl.runtime.methods import Codec, train_step
 from hpcdl.train.activation import activation_method
 from hpcdl.train.config import ConfigError, load_config
@@ -167,6 +168,20 @@ def test_a_resumed_controller_decides_what_an_uninterrupted_one_does():
     assert any(slot["bound"] > 0 for slot in whole.state_dict()["controller"]["slots"].values())
 
 
+def test_a_large_tensor_the_loss_saves_does_not_make_every_step_a_probe():
+    """The loss saves the model's output outside its forward, where no replay meets it: kept as it is, and the
+    probes still come every ``probe_every`` steps (before the fix, every other step on climate-deeplab)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512))
+    x = torch.randn(64, 64)  # the output, 64 x 512 floats, is above the session's 64 KiB threshold
+    policy = Policy.adaptive(probe_every=3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(6):
+        train_step(model, Codec(policy), x, None, lambda out, _: out.square().mean(), optimizer)
+    assert policy.controller.probes == 2  # steps 0 and 3
+    assert not any(key.startswith("(outside)") for key in policy.controller.slots)
+
+
 def test_specs_and_configs_name_the_adaptive_policy():
     assert policy_from_spec("adaptive").describe() == "adaptive"
     policy = policy_from_spec("adaptive:alpha=1e-3,probe_every=50")
@@ -205,3 +220,36 @@ def test_a_training_run_writes_the_controllers_decisions_to_its_metrics(tmp_path
     check = second["check"]  # the first probe's bounds, predicted and measured with the second probe's replays
     assert check and all({"predicted", "measured", "grad_sq"} <= set(row) for row in check.values())
     assert 0.2 <= second["check_measured_total"] / second["check_predicted_total"] <= 5
+    for record in decisions:  # each report says what the controller cost since the last one, and in all
+        assert set(TIMING_FIELDS) <= set(record)
+        assert 0 < record["controller_seconds"] <= record["wall_seconds"] and 0 < record["controller_fraction"] <= 1
+        assert record["controller_seconds_total"] >= record["controller_seconds"]
+
+
+def test_a_resumed_training_run_decides_what_an_uninterrupted_one_does(tmp_path):
+    """Through the trainer's checkpoint: stop after 2 or 4 of 6 steps (probes at steps 0, 2, 4), resume, and
+    every later probe decides the same bounds, checks and predictions as the run that never stopped."""
+    from hpcdl.train import load_config, run_training
+    from hpcdl.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+
+    config = load_config("hep-particles", overrides=[
+        "data.dataset=synthetic", "data.synthetic_samples=64", "model.scale=tiny", "train.batch=16",
+        "train.steps_per_epoch=3", "train.epochs=2", "train.val_steps=1", "logging.progress=false",
+        "checkpoint.every_steps=2", "checkpoint.keep=5", "compression.method=codec",
+        "compression.codec={id: adaptive, probe_every: 2, reruns: 2}"])
+    run, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+
+    def decisions() -> list[dict]:  # the compression records without their clock times
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [{key: value for key, value in record.items() if key not in {"time", *TIMING_FIELDS}}
+                for record in records if record["kind"] == "compression"]
+
+    run_training(config, run_dir=run)
+    whole, whole_state = decisions(), load_checkpoint(latest_checkpoint(checkpoints))["compression"]
+    assert [record["step"] for record in whole] == [1, 3, 5]
+    assert any(slot["bound"] > 0 for slot in whole[-1]["slots"].values()) and whole[-1]["check"]
+    for middle in list_checkpoints(checkpoints)[:2]:  # after steps 2 and 4
+        resumed = run_training(config, resume=middle)
+        assert resumed.resumed_from_step in (2, 4)
+        assert decisions() == whole
+        assert load_checkpoint(latest_checkpoint(checkpoints))["compression"] == whole_state

@@ -21,8 +21,8 @@ step's saved tensors (:mod:`hpcdl.runtime.budget`).
 
 Probes run on step 0, then every ``probe_every`` steps, and soon after a slot appears that was never
 measured. ``||g_m||`` comes from :meth:`Policy.record_gradients` (after the distributed reduction); the
-probes' measurements are averaged over ranks through ``torch.distributed`` when it is initialised, so every
-rank decides the same bounds.
+probes' measurements are averaged over the ranks the distributed backend supplies (:mod:`hpcdl.runtime.ranks`),
+so every rank decides the same bounds.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import ClassVar
 import torch
 
 from hpcdl.runtime import budget
-from hpcdl.runtime.observe import ROOT
+from hpcdl.runtime.observe import OUTSIDE, ROOT
 from hpcdl.runtime.policy import (
     Controller,
     GradStat,
@@ -55,6 +55,9 @@ from hpcdl.units import human_bytes, parse_bytes
 CLOSED_FORM_TOLERANCE = 2.0
 #: A bound may grow at most this factor above the bound its sensitivity was measured at (see decide).
 GROWTH = 2.0
+#: The fields of a report that time the controller (:class:`_Clock`); they differ between runs and ranks.
+TIMING_FIELDS = ("controller_seconds", "wall_seconds", "controller_fraction", "controller_seconds_total",
+                 "controller_fraction_total")
 #: Bounds are rounded down to a grid of 2^(1/4) steps, so that a long run builds a bounded set of codecs.
 GRID_STEPS_PER_OCTAVE = 4
 
@@ -105,21 +108,20 @@ class ControllerOptions:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
 
 
-
 @dataclass(frozen=True)
 class AdaptiveOptions(ControllerOptions):
-    """The adaptive controller's options (method spec ``adaptive:alpha=1e-2,probe_every=100``)."""
+    """The adaptive controller's options (method spec ``adaptive:alpha=1e-2,probe_every=200``)."""
 
     alpha: float = 1e-2       # per module: predicted ||gradient error||^2 <= alpha * ||gradient||^2
-    probe_every: int = 100    # steps between probes
-    reruns: int = 4           # measured (not closed-form) slots re-measured per probe after the first, oldest first
+    probe_every: int = 200    # steps between probes (with reruns, what keeps the overhead under 3%: docs/adaptive.md)
+    reruns: int = 2           # measured (not closed-form) slots re-measured per probe after the first, oldest first
     probe_rel: float = 1e-2   # first probe bound of a slot never measured, as a fraction of its value range
     max_rel: float = 0.1      # no bound above this fraction of the slot's value range
     budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
     codecs: str = "all"       # the candidate codecs besides sz (hpcdl.runtime.trials.FAMILIES; "sz": sz only)
 
     controller_id: ClassVar[str] = "adaptive"
-    example: ClassVar[str] = "adaptive:alpha=1e-2,probe_every=100"
+    example: ClassVar[str] = "adaptive:alpha=1e-2,probe_every=200"
 
 
 @dataclass(frozen=True)
@@ -127,12 +129,13 @@ class ActnnOptions(ControllerOptions):
     """The ActNN baseline's options (method spec ``actnn:bits=2``)."""
 
     bits: float = 2.0         # average quant bits per element of the compressed slots (plus quant's statistics)
-    probe_every: int = 100    # as AdaptiveOptions
-    reruns: int = 4
+    probe_every: int = 200    # as AdaptiveOptions
+    reruns: int = 2
     probe_rel: float = 1e-2
 
     controller_id: ClassVar[str] = "actnn"
     example: ClassVar[str] = "actnn:bits=2"
+
 
 @dataclass
 class Slot:
@@ -175,17 +178,6 @@ def _on_grid(bound: float) -> float:
     return 2.0 ** (math.floor(math.log2(bound) * GRID_STEPS_PER_OCTAVE) / GRID_STEPS_PER_OCTAVE)
 
 
-def _mean_over_ranks(values: list[float], device: torch.device) -> tuple[list[float], int]:
-    """The element-wise mean over ranks of a list of the same length on every rank, and the rank count."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1 or not values:
-        return values, 1
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor)
-    world = dist.get_world_size()
-    return (tensor / world).tolist(), world
-
-
 class AdaptiveController(Controller):
     """Per-slot ``sz`` abs bounds from a gradient-error budget; see the module docstring and docs/adaptive.md."""
 
@@ -196,7 +188,7 @@ class AdaptiveController(Controller):
         self.next_probe = 0       # the step whose forward the next probe captures
         self.names = SlotNames()
         self.capture: Capture | None = None
-        self.probe_seconds = 0.0  # wall time spent in probes (not state: it differs between runs)
+        self.clock = _Clock()     # the controller's wall time (not state: it differs between runs)
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
         self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
@@ -207,11 +199,13 @@ class AdaptiveController(Controller):
         key = self.names.next(info.module, info.step)
         slot = self.slots.get(key)
         if slot is None:
-            self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
+            if info.module != OUTSIDE:  # saved outside the model's forward (the loss): no replay ever meets it
+                self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
             return None
         return slot.config()
 
     def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
+        self.clock.start()
         if step < self.next_probe:
             self.capture = None
             return contextlib.nullcontext()
@@ -228,7 +222,12 @@ class AdaptiveController(Controller):
         start = time.perf_counter()
         self.probe(capture, grad_stats)
         self.next_probe = step - 1 + self.options.probe_every  # `step` counts the captured forward already
-        self.probe_seconds += time.perf_counter() - start
+        self.clock.spent(time.perf_counter() - start)
+
+    @property
+    def probe_seconds(self) -> float:
+        """Wall seconds this controller spent probing in this process."""
+        return self.clock.seconds
 
     def describe(self) -> str:
         return spec_from_config({"id": self.options.controller_id, **self.options.changed()})
@@ -252,6 +251,7 @@ class AdaptiveController(Controller):
         """Measure the slots of the captured step (exact replay, closed forms, perturbed replays), then decide."""
         replayer = Replayer(capture)
         owners = _owners(capture.model, replayer.params)
+        modules = sorted(set(owners))  # the same list on every rank: the axis of the reductions over ranks
         with replayer.restored():
             exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel,
                                                  size_rels=self.size_rels(), candidates=self.candidates(),
@@ -285,8 +285,8 @@ class AdaptiveController(Controller):
         for key in list(self.slots):
             if key not in exact.slots:
                 del self.slots[key]  # no longer saved (the model changed)
-        self._reduce_over_ranks(capture)
-        self.check = self._check(in_effect, measured_now, grad_stats, capture)
+        self._reduce_over_ranks(modules)
+        self.check = self._check(in_effect, measured_now, grad_stats, modules)
         self.probes += 1
         self.decide(grad_stats)
         self._unreported = True
@@ -301,27 +301,27 @@ class AdaptiveController(Controller):
         return budget.size_rels(self.options.max_rel) if self.options.budget or self.candidates() else ()
 
     def _check(self, in_effect: Mapping[str, dict], measured: Mapping[str, float],
-               grad_stats: Mapping[str, GradStat], capture: Capture) -> dict[str, dict[str, float]]:
+               grad_stats: Mapping[str, GradStat], modules: list[str]) -> dict[str, dict[str, float]]:
         """Per module, the squared gradient error the bounds in effect before this probe were predicted to cause
         (with this probe's sensitivities) and the one a replay with all of them compressed measured (averaged over
         ranks and divided by the world size, like the sensitivities), and the squared gradient norm."""
         if not in_effect:
             return {}
-        modules = sorted(set(measured) | {m for key in in_effect for m in self.slots[key].sensitivity})
-        mean, world = _mean_over_ranks([measured.get(m, 0.0) for m in modules],
-                                       next((p.device for p in capture.model.parameters()), torch.device("cpu")))
+        ranks = self.ranks()
+        mean = ranks.mean([measured.get(m, 0.0) for m in modules])
         predicted = {m: 0.0 for m in modules}
         for key in in_effect:
             slot = self.slots[key]
             for module, sensitivity in slot.sensitivity.items():
-                predicted[module] += sensitivity * slot.variance()
-        return {m: {"predicted": predicted[m], "measured": value / world,
+                predicted[module] = predicted.get(module, 0.0) + sensitivity * slot.variance()
+        return {m: {"predicted": predicted[m], "measured": value / ranks.size,
                     "grad_sq": grad_stats[m].norm ** 2 if m in grad_stats else 0.0}
-                for m, value in zip(modules, mean)}
+                for m, value in zip(modules, mean) if value > 0 or predicted[m] > 0}
 
     def report(self) -> dict | None:
-        """After a probe: each slot's codec and bound, the bounds' predicted (and, in budget mode, bytes), and the
-        check of the bounds in effect before the probe (:meth:`_check`); totals as scalars for the loggers."""
+        """After a probe: each slot's codec and bound, the bounds' predicted (and, in budget mode, bytes), the
+        check of the bounds in effect before the probe (:meth:`_check`), totals as scalars for the loggers, and
+        the controller's own wall time (:class:`_Clock`)."""
         if not self._unreported:
             return None
         self._unreported = False
@@ -335,6 +335,7 @@ class AdaptiveController(Controller):
             record["check_measured_total"] = sum(row["measured"] for row in self.check.values())
         if self.byte_budget():
             record["budget_bytes"], record["predicted_bytes"] = self.byte_budget(), self.predicted_bytes()
+        record.update(self.clock.lap())
         return record
 
     def byte_budget(self) -> float:
@@ -349,35 +350,43 @@ class AdaptiveController(Controller):
                        key=lambda key: (self.slots[key].closed_form, self.slots[key].measured_at, key))
         return fresh + stale[:self.options.reruns]
 
-    def _reduce_over_ranks(self, capture: Capture) -> None:
-        """Average sensitivities, kappa, ranges, sizes and trial encodes over ranks (a trial is safe only where it is
-        safe on every rank: the mean of the 0/1 flags is 1); the averaged gradient's error is 1/world of one rank's."""
-        keys = sorted(self.slots)
-        modules = sorted({m for key in keys for m in self.slots[key].sensitivity})
-        flat = [v for key in keys for v in (self.slots[key].kappa, self.slots[key].value_range)]
-        flat += [self.slots[key].sensitivity.get(m, 0.0) for key in keys for m in modules]
-        sized = [key for key in keys if self.slots[key].sizes]  # the same ladder on every rank
-        flat += [size for key in sized for size in self.slots[key].sizes] + [self.fixed_bytes]
-        flat += [t[name] for key in keys for t in self.slots[key].trials for name in TRIAL_STATS]
-        device = next((p.device for p in capture.model.parameters()), torch.device("cpu"))
-        mean, world = _mean_over_ranks(flat, device)
-        if world == 1:
+    def _reduce_over_ranks(self, modules: list[str]) -> None:
+        """Average over the ranks what each measured on its own batch, so that every rank decides the same bounds.
+
+        Per slot: kappa, range, the bound its sensitivity was measured at, whether the closed form held (kept only
+        where it held on every rank), its calibration, when it was last measured, its sensitivity to every module
+        in ``modules`` (the same list on every rank), its size ladder (when measured) and its trial encodes (a
+        trial is safe only where it is safe on every rank: the mean of the 0/1 flags is 1); and the fixed bytes.
+        The averaged gradient carries 1/world of one rank's error variance, so the sensitivities are divided by it.
+        """
+        ranks = self.ranks()
+        if ranks.size == 1:
             return
-        for index, key in enumerate(keys):
-            slot = self.slots[key]
-            slot.kappa, slot.value_range = mean[2 * index], mean[2 * index + 1]
-            row = mean[2 * len(keys) + index * len(modules):2 * len(keys) + (index + 1) * len(modules)]
-            slot.sensitivity = {m: s / world for m, s in zip(modules, row) if s > 0}
-        start = 2 * len(keys) + len(keys) * len(modules)
-        for key in sized:
-            count = len(self.slots[key].sizes)
-            self.slots[key].sizes, start = mean[start:start + count], start + count
-        self.fixed_bytes = mean[start]
-        start += 1
+        keys = sorted(self.slots)
+        ladder, candidates = len(self.size_rels()), len(self.candidates())
+        flat: list[float] = []
         for key in keys:
-            for t in self.slots[key].trials:
-                t.update(zip(TRIAL_STATS, mean[start:start + len(TRIAL_STATS)]))
-                start += len(TRIAL_STATS)
+            slot = self.slots[key]
+            flat += [slot.kappa, slot.value_range, slot.measured_bound, float(slot.closed_form), slot.calibration,
+                     float(slot.measured_at)]
+            flat += [slot.sensitivity.get(m, 0.0) for m in modules]
+            flat += (slot.sizes + [0.0] * ladder)[:ladder]  # a rank where the slot is all zeros measured no ladder
+            trials = [[t[name] for name in TRIAL_STATS] for t in slot.trials]
+            flat += [v for row in (trials + [UNUSABLE] * candidates)[:candidates] for v in row]
+        mean = ranks.mean(flat + [self.fixed_bytes])
+        width = 6 + len(modules) + ladder + len(TRIAL_STATS) * candidates
+        for index, key in enumerate(keys):
+            row = mean[index * width:(index + 1) * width]
+            slot = self.slots[key]
+            slot.kappa, slot.value_range, slot.measured_bound = row[0], row[1], row[2]
+            slot.closed_form, slot.calibration, slot.measured_at = row[3] == 1.0, row[4], math.floor(row[5])
+            slot.sensitivity = {m: s / ranks.size for m, s in zip(modules, row[6:6 + len(modules)]) if s > 0}
+            sizes = row[6 + len(modules):6 + len(modules) + ladder]
+            slot.sizes = sizes if any(sizes) else []
+            stats = row[6 + len(modules) + ladder:]
+            for index_trial, t in enumerate(slot.trials):
+                t.update(zip(TRIAL_STATS, stats[index_trial * len(TRIAL_STATS):(index_trial + 1) * len(TRIAL_STATS)]))
+        self.fixed_bytes = mean[-1]
 
     def decide(self, grad_stats: Mapping[str, GradStat]) -> None:
         """Each slot's bound from the budget (module docstring); slots that reach no module get the cap."""
@@ -475,12 +484,44 @@ class AdaptiveController(Controller):
 
 #: What a trial encode measured, averaged over ranks.
 TRIAL_STATS = ("nbytes", "mse", "safe")
+#: What a rank that made no trial encode of a slot sends for it: never usable.
+UNUSABLE = [math.inf, math.inf, 0.0]
 
 
 def usable(trial: Mapping) -> bool:
     """Whether a trial codec may be chosen: it encoded the tensor (on every rank), and its error keeps what the
     sensitivity model needs (:func:`hpcdl.runtime.trials.sign_safe`, on every rank)."""
     return trial["safe"] >= 1.0 and math.isfinite(trial["nbytes"]) and math.isfinite(trial["mse"])
+
+
+class _Clock:
+    """The controller's wall seconds (probes: replays, trial encodes, statistics) against the run's wall time.
+
+    Started by the first watched forward; :meth:`lap` gives both since the last lap and since the start, for the
+    ``"compression"`` records, so every run reports what the controller cost it.
+    """
+
+    def __init__(self) -> None:
+        self.started = self.lapped = 0.0
+        self.seconds = self.lap_seconds = 0.0
+
+    def start(self) -> None:
+        if not self.started:
+            self.started = self.lapped = time.perf_counter()
+
+    def spent(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.lap_seconds += seconds
+
+    def lap(self) -> dict[str, float]:
+        now = time.perf_counter()
+        wall, total = now - self.lapped, now - self.started
+        record = {"controller_seconds": self.lap_seconds, "wall_seconds": wall,
+                  "controller_fraction": self.lap_seconds / wall if wall > 0 else 0.0,
+                  "controller_seconds_total": self.seconds,
+                  "controller_fraction_total": self.seconds / total if total > 0 else 0.0}
+        self.lapped, self.lap_seconds = now, 0.0
+        return record
 
 
 def _owners(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[str]:

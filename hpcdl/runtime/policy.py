@@ -33,6 +33,7 @@ import torch
 
 from hpcdl.compress import ERROR_BOUND_MODES, FLOAT_DTYPES, Codec, get_codec
 from hpcdl.errors import HpcdlError
+from hpcdl.runtime.ranks import Ranks, default_ranks
 
 
 class PolicySpecError(HpcdlError, ValueError):
@@ -81,7 +82,17 @@ class Controller(ABC):
     ``state_dict``/``load_state_dict`` hold what the controller learned, so a
     resumed run continues with it (the trainer's checkpoints store it through
     :meth:`Policy.state_dict`).
+
+    A controller that measures on its own rank's batch averages over the ranks
+    with :meth:`ranks` (what :meth:`Policy.average_over` was given, else
+    torch.distributed's default group when initialised), so every rank decides the same.
     """
+
+    _ranks: Ranks | None = None  # set by Policy.average_over
+
+    def ranks(self) -> Ranks:
+        """The data-parallel ranks to average measurements over (see :mod:`hpcdl.runtime.ranks`)."""
+        return self._ranks if self._ranks is not None else default_ranks()
 
     @abstractmethod
     def choose(self, info: SavedTensorInfo) -> dict | None:
@@ -244,6 +255,11 @@ class Policy:
         self.grad_stats = stats
         self.controller.observe(self.step, stats)
         return stats
+
+    def average_over(self, ranks: Ranks) -> None:
+        """Average the controller's measurements over these ranks (the distributed backend supplies them; the
+        trainer passes its backend's, so Horovod ranks, which have no torch.distributed group, decide alike)."""
+        self.controller._ranks = ranks
 
     def state_dict(self) -> dict:
         """The policy's progress as plain data: its step, the last gradient statistics, the controller's state."""

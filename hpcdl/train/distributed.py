@@ -7,6 +7,7 @@ The trainer calls::
     optimizer = backend.wrap_optimizer(optimizer, model)   # hvd.DistributedOptimizer for horovod
     backend.broadcast_state(model, optimizer) # everyone starts from rank 0's weights and optimizer state
     metrics = backend.allreduce_mean({"loss": 0.7, "acc": 0.5})
+    policy.average_over(backend.ranks())     # a compression controller's measurements, averaged the same way
     backend.barrier(); backend.shutdown()
 
 Who the ranks are comes from the launcher: ``mpirun``/``mpiexec`` (Open MPI, MPICH, PMIx), ``srun``
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from hpcdl.runtime.ranks import ONE_RANK, Ranks
 
 BACKEND_NAMES = ("auto", "horovod", "torch", "none")
 
@@ -153,6 +156,14 @@ class Backend:
         """The mean over ranks of each named float; every rank must pass the same names."""
         return {key: float(value) for key, value in values.items()}
 
+    def ranks(self) -> Ranks:
+        """These ranks for the runtime (:mod:`hpcdl.runtime.ranks`): their count and :meth:`mean_over_ranks`."""
+        return Ranks(self.size, self.mean_over_ranks) if self.size > 1 else ONE_RANK
+
+    def mean_over_ranks(self, values: list[float]) -> list[float]:
+        """The element-wise mean over ranks of a list of floats of the same length on every rank."""
+        return [float(value) for value in values]
+
     def barrier(self) -> None:
         """Wait until every rank gets here."""
 
@@ -231,6 +242,11 @@ class TorchBackend(Backend):
         keys, packed = _pack(values, self.device)
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         return _unpack_mean(keys, packed, self.size)
+
+    def mean_over_ranks(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return (tensor / self.size).tolist()
 
     def barrier(self) -> None:
         if self.device.type == "cuda":
@@ -397,6 +413,12 @@ class HorovodBackend(Backend):
         keys, packed = _pack(values, self.device)
         summed = self.hvd.allreduce(packed, op=self.hvd.Sum, name="hpcdl.allreduce_mean")
         return _unpack_mean(keys, summed, self.size)
+
+    def mean_over_ranks(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        # one name per length: Horovod's response cache expects a name to keep its shape
+        summed = self.hvd.allreduce(tensor, op=self.hvd.Sum, name=f"hpcdl.mean_over_ranks.{len(values)}")
+        return (summed / self.size).tolist()
 
     def barrier(self) -> None:
         self.hvd.barrier()

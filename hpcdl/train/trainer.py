@@ -178,6 +178,8 @@ class _Run:
         compression = config["compression"]
         self.method = method_name(compression)
         self.policy = compression_policy(compression)
+        if self.policy is not None:
+            self.policy.average_over(self.backend.ranks())
         self.activation = activation_method(compression, self.family.blocks, self.policy)
         self.activation.prepare(self.model)
 
