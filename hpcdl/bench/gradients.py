@@ -23,7 +23,7 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -200,9 +200,9 @@ def parse_policies(text: str) -> list[str]:
 
 
 def run_gradient_benchmark(models: list[str], scale: str, batch: int, policies: list[str], *,
-                           cases: list[str] = (), seed: int = 0, threads: int | None = None,
+                           cases: Sequence[str] = (), seed: int = 0, threads: int | None = None,
                            progress: Callable[[str], None] = lambda line: None,
-                           on_result: Callable[[dict], None] = lambda report: None) -> dict:
+                           on_result: Callable[[dict], object] = lambda report: None) -> dict:
     """Every policy on each zoo model in ``models`` and each reproduction in ``cases``; the report as a dict.
 
     ``on_result`` gets the report so far after each model (to write it as the run goes: a full zoo at full
@@ -219,16 +219,16 @@ def run_gradient_benchmark(models: list[str], scale: str, batch: int, policies: 
             raise GradientBenchError(f"unknown case {name!r}; the reproductions are {', '.join(REPRODUCTIONS)}")
     if threads is not None:
         torch.set_num_threads(threads)
+    results: list[dict] = []
     report = {"scale": scale, "batch": batch, "seed": seed, "policies": list(policies), "cosine_floor": COSINE_FLOOR,
-              "default_policy": DEFAULT_POLICY_SPEC, "machine": _machine(), "results": []}
+              "default_policy": DEFAULT_POLICY_SPEC, "machine": _machine(), "results": results}
     for name in cases:
         progress(f"reproduction {name}")
-        report["results"].append(asdict(measure_reproduction(name, list(policies), seed=seed, progress=progress)))
+        results.append(asdict(measure_reproduction(name, list(policies), seed=seed, progress=progress)))
         on_result(report)
     for name in models:
         progress(f"{name} ({scale}, batch {batch})")
-        report["results"].append(asdict(measure_model(name, scale, batch, list(policies), seed=seed,
-                                                      progress=progress)))
+        results.append(asdict(measure_model(name, scale, batch, list(policies), seed=seed, progress=progress)))
         on_result(report)
     report["summary"] = summarize(report)
     return report

@@ -58,7 +58,7 @@ def step_gradients(model: torch.nn.Module, inputs, loss_fn: Callable[[object], t
         loss.backward()
         stats = session.stats
     probed = policy is not None and policy.wants_gradients()
-    if probed:
+    if policy is not None and probed:
         policy.record_gradients(model)
     gradients = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
