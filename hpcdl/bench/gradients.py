@@ -88,12 +88,17 @@ REPRODUCTIONS: dict[str, Callable] = {"batchnorm": batchnorm_reproduction, "atte
 
 @dataclass
 class PolicyResult:
-    """One policy on one model: the cosines, the compression ratio, the probe steps before the measured one."""
+    """One policy on one model: the cosines, the compression ratio, the probe steps before the measured one.
+
+    ``worst_module_norm_share`` is the norm of the worst module's exact gradient over the whole exact gradient's:
+    a module whose gradient is a tiny share (one whose gradient sums terms that cancel) can have a poor cosine
+    that moves the whole gradient very little."""
 
     policy: str
     cosine: float | None = None
     worst_module: str | None = None
     worst_module_cosine: float | None = None
+    worst_module_norm_share: float | None = None
     ratio: float | None = None
     original_bytes: int = 0
     packed_bytes: int = 0
@@ -145,11 +150,21 @@ def measure_policies(model: nn.Module, inputs, loss_fn: Callable, policies: list
         if per_module:
             result.worst_module = min(per_module, key=per_module.__getitem__)
             result.worst_module_cosine = per_module[result.worst_module]
+            result.worst_module_norm_share = _norm_share(exact, result.worst_module)
         if step.stats is not None:
             result.ratio = step.stats.ratio
             result.original_bytes, result.packed_bytes = step.stats.original_bytes, step.stats.packed_bytes
         results.append(result)
     return exact_seconds, results
+
+
+def _norm_share(exact: dict[str, torch.Tensor], module: str) -> float:
+    """The norm of ``module``'s own parameters' gradients over the norm of all of them (module names as
+    :func:`hpcdl.runtime.fidelity.module_cosines` gives them)."""
+    own = sum(float(g.double().square().sum()) for name, g in exact.items()
+              if (name.rpartition(".")[0] or "(model)") == module)
+    total = sum(float(g.double().square().sum()) for g in exact.values())
+    return math.sqrt(own / total) if total > 0 else math.nan
 
 
 def measure_model(name: str, scale: str, batch: int, policies: list[str], *, seed: int = 0,
@@ -265,21 +280,23 @@ def _fmt(value: float | None, style: str) -> str:
 
 def format_report(report: dict) -> str:
     """The report as text: one line per model and policy, then the summary per policy."""
-    header = ("model", "input", "batch", "policy", "cosine", "worst module", "its cosine", "ratio", "probes", "s")
+    header = ("model", "input", "batch", "policy", "cosine", "worst module", "its cosine", "its norm share", "ratio",
+              "probes", "s")
     rows = [header]
     for result in report["results"]:
         shape = "x".join(map(str, result["input_shape"]))
         if result["error"]:
             rows.append((result["model"], shape, str(result["batch"]), "-", "not run: " + result["error"],
-                         "", "", "", "", ""))
+                         "", "", "", "", "", ""))
             continue
         for p in result["policies"]:
             if p["error"]:
                 rows.append((result["model"], shape, str(result["batch"]), p["policy"], "failed: " + p["error"],
-                             "", "", "", "", ""))
+                             "", "", "", "", "", ""))
                 continue
             rows.append((result["model"], shape, str(result["batch"]), p["policy"], _fmt(p["cosine"], ".5f"),
-                         p["worst_module"] or "-", _fmt(p["worst_module_cosine"], ".4f"), _fmt(p["ratio"], ".2f") + "x",
+                         p["worst_module"] or "-", _fmt(p["worst_module_cosine"], ".4f"),
+                         _fmt(p.get("worst_module_norm_share"), ".1e"), _fmt(p["ratio"], ".2f") + "x",
                          str(p["probe_steps"]), f"{p['seconds']:.1f}"))
     widths = [max(len(row[i]) for row in rows if len(row[i]) < 60) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
