@@ -7,7 +7,7 @@ compressed inside the ``with`` block and decompressed in backward:
 >>> import torch, hpcdl
 >>> _ = torch.manual_seed(0)
 >>> model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
->>> policy = hpcdl.Policy.static({"id": "sz", "mode": "rel", "bound": 1e-2})
+>>> policy = hpcdl.Policy.default()   # sz rel 1e-3; or Policy.static({"id": "sz", "mode": "rel", "bound": 1e-2})
 >>> with hpcdl.compressed(model, policy) as session:
 ...     loss = model(torch.randn(128, 256)).square().mean()
 >>> loss.backward()

@@ -1,8 +1,8 @@
 """``hpcdl demo``: train the climate and HEP models on the committed samples, baseline and compressed.
 
 For each workload (the shipped CPU configs ``climate-deeplab`` and
-``hep-jets``) and each method (no compression, and sz with a relative bound of
-1e-2) it runs the real trainer for a few epochs on the same seed, batch and
+``hep-jets``) and each method (no compression, and hpcdl's default policy,
+:data:`hpcdl.runtime.policy.DEFAULT_POLICY_SPEC`) it runs the real trainer for a few epochs on the same seed, batch and
 data order, then searches the largest batch whose measured step peak fits a
 small memory budget (``hpcdl.memory.search_batch``). The table it prints
 compares activation bytes, peak memory, the batch that fits, the validation

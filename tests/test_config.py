@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpcdl.runtime.policy import DEFAULT_POLICY_SPEC, config_from_spec, default_codec_config
 from hpcdl.train.config import ConfigError, codec_config, load_config, parse_bytes, shipped_configs
 
 MINIMAL = {"model": {"name": "hep-cnn", "scale": "tiny"}}
@@ -43,7 +44,7 @@ def test_overrides_parse_yaml_values_and_check_keys():
                                              "logging.progress=false", "compression.per_module.backbone.*={id: raw}",
                                              "compression.method=codec"])
     assert config["train"]["epochs"] == 3 and config["train"]["batch"] == "auto"
-    assert config["compression"]["codec"] == {"id": "sz", "bound": pytest.approx(1e-2)}
+    assert config["compression"]["codec"] == {**default_codec_config(), "bound": pytest.approx(1e-2)}
     assert config["logging"]["progress"] is False
     assert config["compression"]["per_module"] == {"backbone.*": {"id": "raw"}}
     with pytest.raises(ConfigError, match=r"unknown config key 'train\.epochz'.*'train\.epochs'"):
@@ -230,7 +231,8 @@ def test_the_codec_is_one_mapping_set_whole_or_by_option():
     assert config["compression"]["codec"] == {"id": "sz", "mode": "rel", "bound": 1e-3}
     config = load_config("hep-jets", ["compression.codec={id: quant, bits: 4, group_size: 128}"])
     assert config["compression"]["codec"] == {"id": "quant", "bits": 4, "group_size": 128}  # nothing of sz left
-    assert load_config(MINIMAL)["compression"]["codec"] == {"id": "sz"}  # the default codec
+    assert load_config(MINIMAL)["compression"]["codec"] == default_codec_config() == config_from_spec(DEFAULT_POLICY_SPEC)
+    assert load_config("hep-jets")["compression"]["codec"] == default_codec_config()  # the shipped configs use it
     assert load_config(MINIMAL, ["compression.codec={mode: abs, bound: 0.5}"])["compression"]["codec"] == {
         "id": "sz", "mode": "abs", "bound": 0.5}
 

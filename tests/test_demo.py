@@ -7,21 +7,22 @@ from pathlib import Path
 import pytest
 
 from hpcdl.demo import format_table, run_demo
+from hpcdl.train.comparison import DEFAULT_METHOD_LABEL
 
 
 @pytest.mark.slow
-def test_demo_trains_baseline_and_sz_and_reports_the_batch_that_fits(tmp_path):
+def test_demo_trains_baseline_and_the_default_policy_and_reports_the_batch_that_fits(tmp_path):
     rows, missing = run_demo(tmp_path, epochs=1, steps_per_epoch=1, budget="4MiB", workloads=("climate-deeplab",),
                              progress=False)
     assert missing == {}
     baseline, compressed = rows
-    assert (baseline.method, compressed.method) == ("baseline", "sz rel 1e-2")
+    assert (baseline.method, compressed.method) == ("baseline", DEFAULT_METHOD_LABEL)
     assert baseline.activation_packed_bytes == 0 and compressed.activation_original_bytes > \
         3 * compressed.activation_packed_bytes
     assert compressed.max_batch >= baseline.max_batch >= 1
     assert baseline.metric_name == "miou" and 0 <= compressed.val_metric <= 1
     table = format_table(rows, {"hep-jets": "sample missing"})
-    assert "deeplabv3p-climate (tiny)" in table and "sz rel 1e-2" in table and "NOT RUN: hep-jets" in table
+    assert "deeplabv3p-climate (tiny)" in table and DEFAULT_METHOD_LABEL in table and "NOT RUN: hep-jets" in table
     for row in rows:
         assert (Path(row.run_dir) / "summary.json").exists() and row.run_dir in table
 

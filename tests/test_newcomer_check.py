@@ -14,9 +14,9 @@ GOOD = """\
 model                      activations  val metric  saved/step  ratio  train peak  batch @ budget     samples/s
 -------------------------  -----------  ----------  ----------  -----  ----------  -----------------  ---------
 deeplabv3p-climate (tiny)  baseline     miou 0.387  15.8 MiB    1.0x   100.5 MiB   12 under 24.0 MiB  30
-deeplabv3p-climate (tiny)  sz rel 1e-2  miou 0.383  2.0 MiB     7.9x   39.8 MiB    22 under 24.0 MiB  20
+deeplabv3p-climate (tiny)  sz rel 1e-3  miou 0.383  2.0 MiB     7.9x   39.8 MiB    22 under 24.0 MiB  20
 hep-cnn (small)            baseline     auc 0.942   38.8 MiB    1.0x   80.3 MiB    35 under 24.0 MiB  400
-hep-cnn (small)            sz rel 1e-2  auc 0.943   3.1 MiB     12.3x  40.1 MiB    38 under 24.0 MiB  300
+hep-cnn (small)            sz rel 1e-3  auc 0.943   3.1 MiB     12.3x  40.1 MiB    38 under 24.0 MiB  300
 
 run directories (config.resolved.yaml, metrics.jsonl, summary.json):
 """
@@ -26,12 +26,18 @@ def test_the_readme_command_is_the_first_line_of_its_first_bash_block():
     assert check_newcomer.readme_command(str(ROOT / "README.md")) == "bash tools/setup.sh && .venv/bin/hpcdl demo"
 
 
+def test_the_checked_label_is_the_default_policys():
+    from hpcdl.train.comparison import DEFAULT_METHOD_LABEL
+
+    assert check_newcomer.DEFAULT_LABEL == DEFAULT_METHOD_LABEL
+
+
 def test_a_sound_demo_table_passes():
     assert check_newcomer.check_table(GOOD) == []
 
 
 def test_a_missing_workload_a_weak_ratio_and_a_smaller_batch_fail():
-    missing = GOOD.replace("hep-cnn (small)            sz rel 1e-2  auc 0.943   3.1 MiB     12.3x", "") \
+    missing = GOOD.replace("hep-cnn (small)            sz rel 1e-3  auc 0.943   3.1 MiB     12.3x", "") \
         + "NOT RUN: hep-jets: sample missing\n"
     assert any("NOT RUN" in p for p in check_newcomer.check_table(missing))
     weak = GOOD.replace("7.9x ", "1.2x ")

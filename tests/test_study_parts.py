@@ -27,7 +27,7 @@ from hpcdl.train.method_spec import parse_method, parse_methods
     ("raw", {"id": "raw"}),
 ])
 def test_codec_methods_become_the_trainers_codec_config(spec, expected):
-    # Start from a config whose own codec (sz rel 1e-2) must not leak into the method's.
+    # Start from a shipped config, whose codec (the default policy's) must not leak into the method's.
     config = load_config("hep-jets", overrides=parse_method(spec).overrides())
     assert config["compression"]["method"] == "codec"
     assert config["compression"]["codec"] == expected

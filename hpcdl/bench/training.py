@@ -1,7 +1,7 @@
 """``hpcdl bench training``: what compressed activations buy in training, at one memory budget.
 
 For each workload (the climate DeepLabv3+ and the HEP jet-image CNN at their
-CPU-demo scales) and each method (baseline; sz with a relative bound of 1e-2):
+CPU-demo scales) and each method (baseline; the default policy, hpcdl.train.comparison):
 
 1. the per-device batch reached: the largest batch whose measured step peak
    fits the budget (:func:`hpcdl.train.trainer.measured_batch_search`, a fresh

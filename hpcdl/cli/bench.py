@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCH_SUBCOMMAND_MODULES = ("hpcdl.cli.bench_training", "hpcdl.cli.bench_memory")
+BENCH_SUBCOMMAND_MODULES = ("hpcdl.cli.bench_training", "hpcdl.cli.bench_memory", "hpcdl.cli.bench_gradients")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("bench", help="benchmarks: codecs, training, memory",
+    parser = subparsers.add_parser("bench", help="benchmarks: codecs, training, memory, gradients",
                                    description="Benchmark commands that print (and write as JSON) what they measure.")
     bench_subparsers = parser.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
     _register_codecs(bench_subparsers)

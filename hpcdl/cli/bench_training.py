@@ -9,7 +9,7 @@ def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
         "training", help="per-device batch, samples/s and 1->2 rank scaling, baseline vs sz, at one memory budget",
         description="For the climate and HEP models: the largest per-device batch whose measured step peak fits a "
-                    "memory budget, baseline and sz rel 1e-2; samples/s at that batch on 1 rank and under "
+                    "memory budget, baseline and the default policy; samples/s at that batch on 1 rank and under "
                     "mpirun -np 2 (one thread per rank); scaling efficiency. Prints a table, writes JSON.")
     parser.add_argument("--out", default="runs/bench-training", help="directory for the runs and bench.json")
     parser.add_argument("--steps", type=int, default=5, help="timed training steps per run (default 5)")

@@ -10,7 +10,7 @@ def register(subparsers) -> None:
     demo = subparsers.add_parser(
         "demo", help="train the climate and HEP models, baseline vs compressed activations, and compare",
         description="Train the climate (DeepLabv3+) and HEP (jet-image CNN) models on the committed samples, "
-                    "without and with sz-compressed activations (rel 1e-2), then measure the largest batch that "
+                    "without and with activations compressed by the default policy, then measure the largest batch that "
                     "fits a small memory budget. Takes about a minute or two on 2 CPU cores.")
     demo.add_argument("--out", default="runs/demo", help="where the run directories go (default: runs/demo)")
     demo.add_argument("--epochs", type=int, default=2, help="epochs per run (default: 2)")

@@ -19,7 +19,9 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-fn", default=None,
                         help="module:function(batch_size, generator) -> (x, y); needed for a module:function model")
     parser.add_argument("--budget", required=True, help="memory budget per device, e.g. 2GiB or 512MiB")
-    parser.add_argument("--policy", default="sz:rel=1e-2", help="method spec, e.g. sz:rel=1e-2, quant:bits=2, raw")
+    parser.add_argument("--policy", default=None,
+                        help="method spec, e.g. sz:rel=1e-2, quant:bits=2, raw (default: hpcdl's default policy, "
+                             "hpcdl.runtime.policy.DEFAULT_POLICY_SPEC)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--threshold", type=int, default=None, help="bytes below which saved tensors stay as they are")
     parser.add_argument("--start", type=int, default=1, help="first batch to try; the search doubles from it (default: 1)")
@@ -30,11 +32,12 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from hpcdl import memory
-    from hpcdl.runtime.policy import policy_from_spec
+    from hpcdl.runtime.policy import DEFAULT_POLICY_SPEC, policy_from_spec
     from hpcdl.runtime.session import DEFAULT_THRESHOLD
     from hpcdl.units import human_bytes
 
-    policy_from_spec(args.policy)  # refuse a bad spec before minutes of baseline measurements
+    policy = args.policy or DEFAULT_POLICY_SPEC
+    policy_from_spec(policy)  # refuse a bad spec before minutes of baseline measurements
     workload = memory.Workload.of(args.model, scale=args.scale, batch=args.batch_fn)
     threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
 
@@ -45,8 +48,8 @@ def run(args) -> int:
         options = dict(device=args.device, start=args.start, limit=args.limit, threshold=threshold, on_probe=show,
                        process=process)
         baseline = memory.search_batch(workload, None, args.budget, **options)
-        compressed = memory.search_batch(workload, args.policy, args.budget, **options)
-        same_batch = memory.peak(memory.TrainStep(workload, baseline.batch_size, args.policy, args.device, threshold),
+        compressed = memory.search_batch(workload, policy, args.budget, **options)
+        same_batch = memory.peak(memory.TrainStep(workload, baseline.batch_size, policy, args.device, threshold),
                                  process=process)
     print(f"model {workload.describe()}, budget {human_bytes(baseline.budget_bytes)} per device ({args.device})")
     for label, found in (("baseline", baseline), (compressed.policy, compressed)):

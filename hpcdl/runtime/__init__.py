@@ -2,7 +2,7 @@
 
 Use::
 
-    policy = hpcdl.Policy.static({"id": "sz", "mode": "rel", "bound": 1e-2})
+    policy = hpcdl.Policy.default()    # or hpcdl.Policy.static({"id": "sz", "mode": "rel", "bound": 1e-2}), ...
     with hpcdl.compressed(model, policy) as session:
         loss = loss_fn(model(x), y)
     loss.backward()

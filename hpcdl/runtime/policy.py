@@ -40,6 +40,12 @@ class PolicySpecError(HpcdlError, ValueError):
     """A method spec or codec config a policy cannot use; the message shows the accepted form."""
 
 
+#: The policy hpcdl compresses with when none is named: the shipped configs, the demo and the README use it
+#: (through :meth:`Policy.default`, :func:`default_codec_config` and the config schema). Chosen by issue 13's
+#: rule, the best compression ratio that keeps the gradient cosine >= 0.99 on the issue's two reproductions
+#: and on every model of the zoo at its full input size; the measurement is docs/results/gradients/.
+DEFAULT_POLICY_SPEC = "sz:rel=1e-3"
+
 MASK_CODEC = {"id": "bitmask"}
 INDEX_CODEC = {"id": "int"}
 
@@ -192,6 +198,17 @@ class Policy:
     def static(cls, config: dict | None, **routing) -> Policy:
         """One codec config for every floating tensor (None keeps them as they are)."""
         return cls(StaticController(config), **routing)
+
+    @classmethod
+    def default(cls, **routing) -> Policy:
+        """The policy hpcdl uses when none is named (:data:`DEFAULT_POLICY_SPEC`).
+
+        >>> Policy.default()
+        Policy(sz:rel=0.001)
+        """
+        policy = policy_from_config(default_codec_config(), **routing)
+        assert policy is not None, "the default policy compresses"
+        return policy
 
     @classmethod
     def per_module(cls, patterns: Mapping[str, dict | None], default: dict | None = None, **routing) -> Policy:
@@ -420,6 +437,17 @@ def spec_from_config(config: dict | None) -> str:
         options.append(str(rest.pop(positional)))
     options.extend(f"{key}={value}" for key, value in rest.items())
     return config["id"] + (":" + ",".join(options) if options else "")
+
+
+def default_codec_config() -> dict:
+    """The codec config of :data:`DEFAULT_POLICY_SPEC` (a fresh dict), for a config's ``compression.codec``.
+
+    >>> default_codec_config()
+    {'id': 'sz', 'mode': 'rel', 'bound': 0.001}
+    """
+    config = config_from_spec(DEFAULT_POLICY_SPEC)
+    assert config is not None, "the default policy compresses"
+    return config
 
 
 def policy_from_spec(spec: str, **routing) -> Policy | None:

@@ -6,8 +6,10 @@ Every key is declared in :data:`SCHEMA` with its type, allowed values or range
 and default, so a typo is an error that names the key's full path and the
 closest valid key instead of a setting silently ignored. The one exception is
 the codec: ``compression.codec`` is a codec config mapping (``{id: sz, mode:
-rel, bound: 1e-2}``) whose options the codec itself checks, through
+rel, bound: 1e-3}``) whose options the codec itself checks, through
 :func:`hpcdl.compress.get_codec`, so a codec brings its own options with it.
+Its default, and what a mapping without an ``id`` changes the options of, is
+hpcdl's default policy (:data:`hpcdl.runtime.policy.DEFAULT_POLICY_SPEC`).
 
 Shipped configs live in ``hpcdl/configs/<name>.yaml`` and are found by name. A
 config may start from another with ``extends: <name>``; its own keys then
@@ -30,6 +32,7 @@ from typing import Any
 import yaml
 
 from hpcdl.errors import HpcdlError
+from hpcdl.runtime.policy import default_codec_config
 from hpcdl.units import parse_bytes
 
 _MISSING = object()
@@ -75,9 +78,6 @@ def canonical_method(method: str) -> str:
     ``checkpoint+codec`` -> ``recompute+codec``; any other string comes back unchanged."""
     return "+".join(METHOD_ALIASES.get(part, part) for part in method.split("+"))
 
-
-#: The codec a ``compression.codec`` mapping without an ``id`` means (and the default codec).
-DEFAULT_CODEC_ID = "sz"
 
 #: Deprecated: codec keys written flat into ``compression`` (``compression.bound``), the form before
 #: ``compression.codec``. Still read for one release: each is moved into ``compression.codec`` (a null
@@ -142,10 +142,11 @@ SCHEMA: dict[str, Any] = {
                                                                                "checkpoint+offload")),
                         help="what autograd keeps for backward; recompute+X recomputes the blocks in backward "
                              "and applies X to what they still save (checkpoint: the old name of recompute)"),
-        "codec": Field("codec", {"id": DEFAULT_CODEC_ID},
+        "codec": Field("codec", default_codec_config(),
                        help="the codec of method: codec, one mapping checked by the codec itself, e.g. "
-                            "{id: sz, mode: rel, bound: 1e-2}; without an id it changes the options of the "
-                            "codec it extends (id sz if none)"),
+                            "{id: sz, mode: rel, bound: 1e-3}; without an id it changes the options of the "
+                            "codec it extends, else of hpcdl's default policy (hpcdl.runtime.policy."
+                            "DEFAULT_POLICY_SPEC), which is also the default"),
         "per_module": Field("dict", {}, help="module-name glob -> codec config, overriding the default codec"),
         "min_bytes": Field("int", None, nullable=True, minimum=0, help="saved tensors smaller than this stay raw"),
     },
@@ -236,7 +237,7 @@ def _check_value(path: str, field: Field, value: Any) -> Any:
     if not ok_type(value):
         raise ConfigError(f"config key {path!r} must be {expected}, got {value!r} ({type(value).__name__})")
     if field.kind == "codec":
-        value = {"id": DEFAULT_CODEC_ID, **_codec_numbers(value)}
+        value = _codec_numbers(value) if "id" in value else {**default_codec_config(), **_codec_numbers(value)}
     if field.kind == "float":
         value = float(value)
         if not math.isfinite(value):
