@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import hpcdl
 from hpcdl.bench.gradients import attention_reproduction, batchnorm_reproduction
