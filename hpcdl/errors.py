@@ -19,7 +19,7 @@ hpcdl is missing here or does not derive from :class:`HpcdlError`:
 - train: ``ConfigError`` (:mod:`hpcdl.train.config`), ``CheckpointError`` (:mod:`hpcdl.train.checkpoint`),
   ``MethodSpecError`` (:mod:`hpcdl.train.method_spec`: the method specs the study and the benchmarks parse)
 - slurm: ``SlurmError`` (:mod:`hpcdl.slurm.errors`)
-- bench: ``MemoryBenchError`` (:mod:`hpcdl.bench.memory`)
+- bench: ``MemoryBenchError`` (:mod:`hpcdl.bench.memory`), ``GradientBenchError`` (:mod:`hpcdl.bench.gradients`)
 - study: ``MatchedBitsError`` (:mod:`hpcdl.study.targets`)
 
 >>> from hpcdl.compress import CodecError

@@ -43,6 +43,7 @@ CONFIGS = {
     "quant": [{"id": "quant", "bits": 2, "group_size": 32, "seed": 0}, {"id": "quant", "bits": 8, "seed": 0},
               {"id": "quant", "bits": 4, "group_size": 7, "scale_dtype": "fp16", "seed": 0}],
     "int": [{"id": "int"}],
+    "levels": [{"id": "levels"}],
     "sz": [{"id": "sz", "mode": "abs", "bound": 1e-2}, {"id": "sz", "mode": "rel", "bound": 1e-3},
            {"id": "sz", "mode": "pw_rel", "bound": 1e-2}],
     "sz3": [{"id": "sz3", "mode": "rel", "bound": 1e-3}],
