@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import hpcdl
 from hpcdl.compress import Codec, register_codec
+from hpcdl.compress.cast import Cast
 
 
 @register_codec
@@ -32,6 +34,26 @@ class ExplodingCodec(Codec):
     def _decode(self, packed):
         raise AssertionError("never packed")
 
+
+@register_codec
+class LyingCodec(Cast):
+    """``{"id": "test-lying"}``: claims an abs bound, then adds far more error than it allows (stored as fp16, so
+    it packs and can join an arena): verify mode must catch it."""
+
+    codec_id = "test-lying"
+    modes = ("abs",)
+    dtypes = frozenset({torch.float32})
+    error_bounded = True
+
+    def __init__(self, mode="abs", bound=1e-3):
+        super().__init__("fp16", mode)
+        self.mode, self.bound = mode, bound
+
+    def get_config(self):
+        return {"id": self.codec_id, "mode": self.mode, "bound": self.bound}
+
+    def _encode(self, tensor):
+        return super()._encode(tensor + 1.0)
 
 class ResidualCNN(nn.Module):
     """Conv, batch norm, in-place and out-of-place ReLU, max/avg pool, dropout, a residual add, a transposed conv."""
@@ -124,6 +146,19 @@ def wide_cnn_batch(batch_size: int, generator: torch.Generator, size: int = 64):
     coarse = torch.randn(batch_size, 3, size // 8, size // 8, generator=generator)
     x = F.interpolate(coarse, size=(size, size), mode="bilinear", align_corners=False)
     return x, torch.randint(0, 4, (batch_size,), generator=generator)
+
+
+def wide_cnn_step(model: nn.Module, policy, seed: int = 0):
+    """One compressed forward/backward of a WideCNN on a fixed batch of 8 (``seed`` picks it), feeding the
+    policy its gradients as train_step does; the session's statistics."""
+    x, y = wide_cnn_batch(8, torch.Generator().manual_seed(seed), size=32)
+    model.zero_grad(set_to_none=True)
+    with hpcdl.compressed(model, policy) as session:
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    if policy.wants_gradients():
+        policy.record_gradients(model)
+    return session.stats
 
 
 class RecurrentTagger(nn.Module):

@@ -15,27 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-import hpcdl
 from hpcdl.runtime import Policy, PolicySpecError, policy_from_spec
 from hpcdl.runtime import budget as bytes_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runtime_models import WideCNN, wide_cnn_batch  # noqa: E402
-
-
-def _step(model, policy, seed: int = 0):
-    """One compressed forward/backward on a fixed batch (seed picks it), feeding the policy as train_step does;
-    the session's statistics."""
-    x, y = wide_cnn_batch(8, torch.Generator().manual_seed(seed), size=32)
-    model.zero_grad(set_to_none=True)
-    with hpcdl.compressed(model, policy) as session:
-        loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    if policy.wants_gradients():
-        policy.record_gradients(model)
-    return session.stats
+from runtime_models import WideCNN, wide_cnn_step  # noqa: E402
 
 
 def _probed(budget: int):
@@ -43,7 +28,7 @@ def _probed(budget: int):
     torch.manual_seed(0)
     model = WideCNN(channels=8, depth=4)
     policy = Policy.adaptive(budget=budget, probe_every=10**6)
-    _step(model, policy)
+    wide_cnn_step(model, policy)
     assert policy.controller.probes == 1
     return model, policy
 
@@ -56,7 +41,7 @@ def test_a_step_after_the_probe_packs_within_the_budget(fraction):
     budget = int(UNCOMPRESSED * fraction)
     model, policy = _probed(budget)
     for seed in (0, 1):  # the probe's batch and another one
-        stats = _step(model, policy, seed)
+        stats = wide_cnn_step(model, policy, seed)
         assert stats.packed_bytes <= budget, (stats.packed_bytes, budget)
         assert stats.packed_bytes >= 0.9 * budget  # the budget is spent, not wasted
     assert policy.controller.predicted_bytes() <= budget
@@ -81,7 +66,7 @@ def test_an_impossible_budget_warns_once_with_the_least_achievable_bytes():
     controller.next_probe = policy.step  # a second probe: no second warning
     with warnings.catch_warnings():
         warnings.simplefilter("error", bytes_model.AdaptiveBudgetWarning)
-        _step(model, policy)
+        wide_cnn_step(model, policy)
     assert controller.probes == 2
 
 

@@ -32,7 +32,7 @@ from hpcdl.runtime.trials import FAMILIES, QUANT_BITS
 from hpcdl.train.method_spec import parse_method
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runtime_models import WideCNN, wide_cnn_batch  # noqa: E402
+from runtime_models import WideCNN, wide_cnn_step  # noqa: E402
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -155,28 +155,17 @@ def test_a_codec_that_moves_values_across_zero_is_not_offered_where_the_tensor_h
 UNCOMPRESSED = 2_196_292  # bytes the CNN's step saves uncompressed (tests/test_adaptive_budget.py)
 
 
-def _cnn_step(model, policy, seed: int = 0):
-    x, y = wide_cnn_batch(8, torch.Generator().manual_seed(seed), size=32)
-    model.zero_grad(set_to_none=True)
-    with hpcdl.compressed(model, policy) as session:
-        loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    if policy.wants_gradients():
-        policy.record_gradients(model)
-    return session.stats
-
-
 @pytest.mark.parametrize("fraction", [1 / 6, 1 / 12])
 def test_budget_mode_with_codec_choice_packs_within_the_budget(fraction):
     budget = int(UNCOMPRESSED * fraction)
     torch.manual_seed(0)
     model = WideCNN(channels=8, depth=4)
     policy = Policy.adaptive(budget=budget, probe_every=10**6)
-    _cnn_step(model, policy)
+    wide_cnn_step(model, policy)
     controller = policy.controller
     assert controller.options.codecs == "all" and controller.predicted_bytes() <= budget
     for seed in (0, 1):
-        stats = _cnn_step(model, policy, seed)
+        stats = wide_cnn_step(model, policy, seed)
         assert stats.packed_bytes <= budget, (stats.packed_bytes, budget)
 
 
@@ -185,7 +174,7 @@ def test_actnn_packs_within_its_bits_with_quant_at_1_2_4_or_8_bits():
     model = WideCNN(channels=8, depth=4)
     policy = hpcdl.runtime.policy_from_spec("actnn:bits=2")
     assert policy.describe() == "actnn:bits=2"
-    _cnn_step(model, policy)  # the probe
+    wide_cnn_step(model, policy)  # the probe
     controller = policy.controller
     chosen = [slot.codec for slot in controller.slots.values() if slot.codec is not None]
     assert chosen and all(c["id"] == "quant" and c["bits"] in QUANT_BITS for c in chosen)
@@ -204,7 +193,7 @@ def test_actnn_packs_within_its_bits_with_quant_at_1_2_4_or_8_bits():
     for seed in (0, 1):
         packed.clear()
         with mock.patch.object(Quant, "encode", encode):
-            _cnn_step(model, policy, seed)
+            wide_cnn_step(model, policy, seed)
         assert len(packed) == len(quantized) and sum(packed) <= controller.byte_budget(), (sum(packed), controller.byte_budget())
     record = controller.report()
     assert record["budget_bytes"] == controller.byte_budget() >= record["predicted_bytes"]

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import hpcdl
-from hpcdl.compress import UnknownCodecError, register_codec
-from hpcdl.compress.raw import Raw
+from hpcdl.compress import UnknownCodecError
 from hpcdl.runtime import (
     CompressionFallbackWarning,
     Controller,
@@ -25,7 +24,7 @@ from hpcdl.runtime import (
     spec_from_config,
 )
 
-from runtime_models import ExplodingCodec, Recurrent, ResidualCNN, TransformerBlock
+from runtime_models import ExplodingCodec, LyingCodec, Recurrent, ResidualCNN, TransformerBlock
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
@@ -223,26 +222,6 @@ def test_adaptive_controller_sees_step_and_last_gradients():
     assert any(key[1] == "activation" for key in session.stats.rows) and session.stats.ratio > 1.5  # bf16 at step 1
 
 
-@register_codec
-class _Lying(Raw):
-    """Claims an error bound, then adds far more error than it allows."""
-
-    codec_id = "test-lying"
-    modes = ("abs",)
-    dtypes = frozenset({torch.float32})
-    lossless = False
-    error_bounded = True
-
-    def __init__(self, mode="abs", bound=1e-3):
-        self.mode, self.bound = mode, bound
-
-    def get_config(self):
-        return {"id": self.codec_id, "mode": self.mode, "bound": self.bound}
-
-    def _encode(self, tensor):
-        return super()._encode(tensor + 1.0)
-
-
 def test_failing_codec_keeps_tensors_raw_warns_once_per_module_and_counts():
     model, x, y, loss_fn = _case("cnn")
     expected, _ = _grads(model, x, y, loss_fn)
@@ -259,7 +238,7 @@ def test_failing_codec_keeps_tensors_raw_warns_once_per_module_and_counts():
 
 def test_verify_mode_catches_a_codec_that_breaks_its_bound():
     model = nn.Sequential(nn.Linear(64, 64), nn.Tanh())
-    with compressed(model, Policy.static({"id": "test-lying"}), threshold=0, verify=True) as session:
+    with compressed(model, Policy.static({"id": LyingCodec.codec_id}), threshold=0, verify=True) as session:
         loss = model(torch.randn(32, 64)).sum()
     with pytest.raises(VerificationError, match="broke its bound"):
         loss.backward()

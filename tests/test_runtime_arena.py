@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpcdl.compress import Codec, Packed, get_codec, register_codec
+from hpcdl.compress import get_codec
 from hpcdl.runtime import CompressionFallbackWarning, Policy, VerificationError, compressed
 from hpcdl.runtime.arena import STEPS_PER_OCTAVE, member_codec
 
-from runtime_models import ExplodingCodec, LSTMCellTagger, RecurrentTagger, ResidualCNN, tagger_batch
+from runtime_models import ExplodingCodec, LSTMCellTagger, LyingCodec, RecurrentTagger, ResidualCNN, tagger_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.one_thread
 
@@ -302,28 +302,6 @@ def test_arena_bytes_must_be_a_size():
 
 # -- failures ---------------------------------------------------------------------------------------------------
 
-@register_codec
-class _Lying(Codec):
-    """Claims an abs bound, then adds far more error than it allows (and stores half precision, so it packs)."""
-
-    codec_id = "test-arena-lying"
-    modes = ("abs",)
-    dtypes = frozenset({torch.float32})
-    error_bounded = True
-
-    def __init__(self, mode="abs", bound=1e-3):
-        self.mode, self.bound = mode, bound
-
-    def get_config(self):
-        return {"id": self.codec_id, "mode": self.mode, "bound": self.bound}
-
-    def _encode(self, tensor):
-        return Packed(b"lying", (tensor.reshape(-1) + 1.0).half().view(torch.uint8))
-
-    def _decode(self, packed):
-        return packed.data.view(torch.float16).float()
-
-
 def test_a_failing_codec_keeps_the_arena_raw_warns_and_counts():
     model, xs = _three_members()
     expected = torch.autograd.grad(model(None), xs)
@@ -336,7 +314,7 @@ def test_a_failing_codec_keeps_the_arena_raw_warns_and_counts():
 
 def test_verify_catches_a_member_outside_its_bound():
     model, xs = _three_members()
-    with compressed(model, Policy.static({"id": "test-arena-lying"}), verify=True) as session:
+    with compressed(model, Policy.static({"id": LyingCodec.codec_id}), verify=True) as session:
         loss = model(None)
     assert session.stats.total().arena == 3
     with pytest.raises(VerificationError, match="broke its bound"):
