@@ -17,8 +17,6 @@ single-threaded codec it is what an idle machine's wall clock would show.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ import torch
 
 from hpcdl.bench.activations import benchmark_activations, describe
 from hpcdl.bench.load import background_load
+from hpcdl.bench.machine import describe_machine
 from hpcdl.compress import Codec, check_bound, get_codec, value_range
 
 DEFAULT_BOUNDS = (1e-1, 1e-2, 1e-3)
@@ -306,13 +305,7 @@ def _machine(device: str) -> dict:
 
     backend = backend_module("auto", torch.device(device)).__name__.rsplit(".", 1)[-1]
     return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": os.getloadavg()[0],
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "openmp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (spins, then sleeps)"),
+        **describe_machine(),
         "sz_backend": backend,
         "sz_host_isa": host.active_isa() if backend == "host" else None,
         "gpu": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None,

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from hpcdl.bench.machine import describe_machine
 from hpcdl.errors import HpcdlError
 from hpcdl.runtime.fidelity import gradient_cosine, module_cosines, step_gradients
 from hpcdl.runtime.policy import DEFAULT_POLICY_SPEC, policy_from_spec
@@ -236,7 +235,7 @@ def run_gradient_benchmark(models: list[str], scale: str, batch: int, policies: 
         torch.set_num_threads(threads)
     results: list[dict] = []
     report = {"scale": scale, "batch": batch, "seed": seed, "policies": list(policies), "cosine_floor": COSINE_FLOOR,
-              "default_policy": DEFAULT_POLICY_SPEC, "machine": _machine(), "results": results}
+              "default_policy": DEFAULT_POLICY_SPEC, "machine": describe_machine(), "results": results}
     for name in cases:
         progress(f"reproduction {name}")
         results.append(asdict(measure_reproduction(name, list(policies), seed=seed, progress=progress)))
@@ -267,11 +266,6 @@ def summarize(report: dict) -> list[dict]:
             "geomean_ratio": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None,
         })
     return summary
-
-
-def _machine() -> dict:
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads()}
 
 
 def _fmt(value: float | None, style: str) -> str:
