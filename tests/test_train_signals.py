@@ -90,3 +90,49 @@ def test_stop_request_records_the_first_signal_and_restores_the_handlers():
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.agreed(Backend()) and stop.name == "SIGUSR1"
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def _catches(pid: int, number: int) -> bool:
+    """Whether process ``pid`` has a handler for signal ``number`` (the SigCgt mask of /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (number - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc to see when the handler is in")
+def test_a_warning_during_start_up_stops_the_run_at_its_first_step(tmp_path):
+    """Under Slurm the warning may reach a rank that is still loading torch, its data or its model (a requeued
+    job's ranks start again while the time limit counts); that rank must not die of it."""
+    process = subprocess.Popen(_command("--run-dir", str(tmp_path / "run")), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=ENV)
+    deadline = time.monotonic() + 60
+    while not _catches(process.pid, signal.SIGUSR1):
+        assert process.poll() is None and time.monotonic() < deadline, "hpcdl train never held SIGUSR1"
+        time.sleep(0.001)
+    assert "torch" not in Path(f"/proc/{process.pid}/maps").read_text(), "held before torch is loaded"
+    process.send_signal(signal.SIGUSR1)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == EXIT_CHECKPOINTED, err.decode()
+    assert "stopped on SIGUSR1 after step 1;" in err.decode()
+    assert load_checkpoint(latest_checkpoint(tmp_path / "run" / "checkpoints"))["step"] == 1
+
+
+AFTER_THE_LOOP = """
+import os, signal, sys
+from hpcdl.train import run_training
+from hpcdl.train.signals import hold_stop_signals
+hold_stop_signals()
+run_training("hep-particles", run_dir=sys.argv[1], overrides=sys.argv[2:])
+os.kill(os.getpid(), signal.SIGUSR1)  # a second copy of the warning, from mpirun, while the rank shuts down
+os.kill(os.getpid(), signal.SIGTERM)
+print("still here")
+"""
+
+
+def test_a_signal_after_the_training_loop_is_held_and_changes_nothing(tmp_path):
+    finished = subprocess.run([sys.executable, "-c", AFTER_THE_LOOP, str(tmp_path / "run"),
+                               *[s.replace("=2", "=1") if s.startswith("train.epochs") else s for s in SETS]],
+                              capture_output=True, text=True, env=ENV, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip().endswith("still here")

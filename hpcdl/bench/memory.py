@@ -29,10 +29,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcdl.errors import HpcdlError
-from hpcdl.train.method_spec import Method, parse_methods
 from hpcdl.units import human_bytes, parse_bytes
+
+if TYPE_CHECKING:
+    from hpcdl.train.method_spec import Method
 
 #: The methods measured when none are named: the baseline, sz at two bounds, 2-bit quantization, a bf16
 #: cast, recomputation, and recomputation with sz.
@@ -172,6 +175,8 @@ def run_memory_benchmark(
     import torch
 
     from hpcdl import memory
+
+    from hpcdl.train.method_spec import parse_methods  # it loads torch; `hpcdl --help` reads DEFAULT_METHODS
 
     parsed: list[Method] = parse_methods(methods)
     if not batches:

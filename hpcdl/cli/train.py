@@ -41,9 +41,11 @@ def _configs(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from hpcdl.train.signals import EXIT_CHECKPOINTED, TrainingInterrupted, hold_stop_signals
+
+    hold_stop_signals()  # first: loading torch, the data and the model takes seconds a signal may fall into
     from hpcdl.train import load_config, run_training
     from hpcdl.train.config import dump_config
-    from hpcdl.train.signals import EXIT_CHECKPOINTED, TrainingInterrupted
     from hpcdl.train.summary import format_summary
 
     config = load_config(args.config, overrides=args.overrides)

@@ -28,21 +28,47 @@ class TrainingInterrupted(Exception):
                          "continue with `hpcdl train CONFIG --resume RUN_DIR`")
 
 
+# The first stop signal received and not yet acted on; written only by _record, in the main thread.
+_received: int | None = None
+
+
+def _record(number: int, frame) -> None:
+    global _received
+    if _received is None:  # the first signal names the stop (a USR1 warning before the TERM)
+        _received = number
+
+
+def hold_stop_signals() -> None:
+    """From now until the process exits, record SIGUSR1/SIGTERM instead of dying of them.
+
+    ``hpcdl train`` calls this first, before it loads torch. A rank that a signal reaches outside the training
+    loop (while it starts, after it stopped, or a second copy of the warning from mpirun/srun while it shuts
+    down) would otherwise die of the default action and fail the job; held, a signal that comes before the
+    loop stops the run at its first step boundary and one that comes after it changes nothing.
+    """
+    if threading.current_thread() is threading.main_thread():
+        for number in STOP_SIGNALS:
+            signal.signal(number, _record)
+
+
 class StopRequest:
     """Records SIGUSR1/SIGTERM while active (a context manager) and restores the previous handlers after.
 
-    Outside the main thread Python cannot install handlers; the request then never fires (a run started
-    from a worker thread keeps the default behaviour of the signals).
+    Where :func:`hold_stop_signals` already holds them (``hpcdl train``), it keeps a signal received before it
+    was entered and leaves the handlers in place. Outside the main thread Python cannot install handlers; the
+    request then never fires (a run started from a worker thread keeps the default behaviour of the signals).
     """
 
     def __init__(self) -> None:
-        self.received: int | None = None
         self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL/SIG_IGN or None
 
     def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
+        global _received
+        held = all(signal.getsignal(number) is _record for number in STOP_SIGNALS)
+        if not held and threading.current_thread() is threading.main_thread():
+            _received = None
             for number in STOP_SIGNALS:
-                self._previous[number] = signal.signal(number, self._handle)
+                self._previous[number] = signal.signal(number, _record)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -50,9 +76,10 @@ class StopRequest:
             signal.signal(number, handler)
         self._previous.clear()
 
-    def _handle(self, number: int, frame) -> None:
-        if self.received is None:  # the first signal names the stop (a USR1 warning before the TERM)
-            self.received = number
+    @property
+    def received(self) -> int | None:
+        """The first stop signal received, or None."""
+        return _received
 
     def agreed(self, backend) -> bool:
         """Whether any rank received a stop signal; collective: every rank must call it at the same step."""
