@@ -65,6 +65,22 @@ def test_seed_makes_encodes_reproducible():
     assert not torch.equal(first.encode(x).data, first.encode(x).data), "each encode draws fresh noise"
 
 
+def test_restarting_the_random_stream_forgets_the_encodes_before_it():
+    """What a resumed run needs: at a step, a codec that encoded for many steps before and one built just now
+    draw the same noise (the runtime restarts every codec's stream at every step, Policy.watch)."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    used, fresh = (get_codec({"id": "quant", "bits": 2, "seed": 0}) for _ in range(2))
+    for step in range(3):
+        used.restart_random(step)
+        used.encode(x)
+    used.restart_random(3)
+    fresh.restart_random(3)
+    assert torch.equal(used.encode(x).data, fresh.encode(x).data)
+    used.restart_random(3)
+    fresh.restart_random(4)
+    assert not torch.equal(used.encode(x).data, fresh.encode(x).data), "another step draws other noise"
+
+
 @pytest.mark.parametrize("scale_dtype, stat_bytes", [("fp32", 4), ("fp16", 2)])
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 def test_nbytes_counts_header_statistics_and_codes(scale_dtype, stat_bytes, bits):

@@ -175,6 +175,12 @@ class Codec(ABC):
             raise TypeError(f"{self.codec_id} decodes a Packed, got {type(packed).__name__}")
         return self._decode(packed)
 
+    def restart_random(self, stream: int) -> None:  # noqa: B027  (optional hook; most codecs draw no noise)
+        """Restart the codec's own random generator, if it has one, at ``stream`` (the runtime passes the
+        training step before every forward): the noise of an encode then depends on the step and the encodes
+        before it in that step, not on everything this process encoded before, so a run resumed from a
+        checkpoint encodes as the uninterrupted one. Codecs that draw no noise ignore it."""
+
     @abstractmethod
     def _encode(self, tensor: torch.Tensor) -> Packed: ...
 

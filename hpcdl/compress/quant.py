@@ -15,7 +15,9 @@ Non-finite values (NaN, +-Inf) have no place on the grid, so encoding a tensor w
 (the runtime then keeps that tensor raw); so does a group whose range overflows the storage type.
 
 Randomness: with ``seed=None`` the noise comes from torch's global generator for the tensor's device; with an
-integer ``seed`` the codec owns one generator per device, seeded once, so a sequence of encodes is reproducible.
+integer ``seed`` the codec owns one generator per device, seeded once, so a sequence of encodes is reproducible;
+:meth:`~hpcdl.compress.base.Codec.restart_random` seeds it again from ``(seed, stream)`` (the runtime does this
+every training step).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Quant(Codec):
         self.scale_dtype = scale_dtype
         self.seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._stream: int | None = None  # set by restart_random: the generators start from (seed, stream)
 
     def get_config(self) -> dict:
         config = {"id": self.codec_id, "bits": self.bits, "group_size": self.group_size, "scale_dtype": self.scale_dtype}
@@ -121,11 +124,16 @@ class Quant(Codec):
         values = lo + codes * step
         return values.reshape(-1)[:count].to(header.dtype).reshape(header.shape)
 
+    def restart_random(self, stream: int) -> None:
+        self._stream = stream
+        self._generators.clear()
+
     def _generator(self, device: torch.device) -> torch.Generator | None:
         if self.seed is None:
             return None
         if device not in self._generators:
-            self._generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+            seed = self.seed if self._stream is None else hash((self.seed, self._stream)) % 2**63
+            self._generators[device] = torch.Generator(device=device).manual_seed(seed)
         return self._generators[device]
 
 

@@ -232,6 +232,7 @@ class Policy:
         key = json.dumps(config, sort_keys=True, default=str)
         if key not in self._codecs:
             self._codecs[key] = get_codec(config)
+            self._codecs[key].restart_random(self.step)  # as if built before this step (see watch)
         return self._codecs[key]
 
     def _check_activation_codec(self, config: dict) -> None:
@@ -260,7 +261,10 @@ class Policy:
         return self.controller.wants_gradients(self.step)
 
     def watch(self, model: torch.nn.Module, threshold: int) -> contextlib.AbstractContextManager:
-        """The controller's context around this step's compressed forward (see :meth:`Controller.watch`)."""
+        """The controller's context around this step's compressed forward (see :meth:`Controller.watch`); first
+        restarts the random generators of the codecs built so far at this step (:meth:`Codec.restart_random`)."""
+        for codec in self._codecs.values():
+            codec.restart_random(self.step)
         return self.controller.watch(model, self.step, threshold)
 
     def record_gradients(self, model: torch.nn.Module) -> dict[str, GradStat]:
