@@ -10,7 +10,6 @@ choice is the default.)
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 from unittest import mock
@@ -106,7 +105,8 @@ def test_a_two_valued_slot_is_stored_exactly():
 
 def _controller_on(tensor: torch.Tensor, allowed: float) -> AdaptiveController:
     """A controller with one slot holding ``tensor`` as a probe records it (trial encodes, sz ladder), whose
-    budget allows the error variance ``allowed``: one module of sensitivity 1 and ||g||^2 = allowed / alpha."""
+    budget allows the error variance ``allowed``: one module of sensitivity 1 whose gradient's sampling variance
+    is allowed / alpha."""
     controller = AdaptiveController()
     recorder = RecordingPolicy({}, size_rels=size_rels(controller.options.max_rel), candidates=FAMILIES["all"])
     record = recorder._record(tensor, None)
@@ -114,7 +114,8 @@ def _controller_on(tensor: torch.Tensor, allowed: float) -> AdaptiveController:
                 trials=[vars(trial) for trial in record.trials], kappa=record.trial_mse / (record.trial_bound ** 2 / 3),
                 sensitivity={"m": 1.0}, measured_bound=record.value_range)
     controller.slots["t#0"] = slot
-    controller.decide({"m": GradStat(norm=math.sqrt(allowed / controller.options.alpha), max_abs=1.0, numel=1)})
+    controller.noise = {"m": allowed / controller.options.alpha}
+    controller.decide({"m": GradStat(norm=1.0, max_abs=1.0, numel=1)})
     return controller
 
 

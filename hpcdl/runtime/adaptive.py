@@ -4,7 +4,8 @@ A static range-relative bound does not follow what backward does with a tensor: 
 channel by its own spread, softmax probabilities are read relative to their (tiny) values. This controller
 gives each saved floating tensor ("slot", named ``module#k`` by :class:`~hpcdl.runtime.probe.SlotNames`) an
 absolute ``sz`` bound ``eb_i`` chosen so that the predicted parameter-gradient error of every module stays
-below ``alpha`` times that module's squared gradient norm. The model (docs/adaptive.md derives it):
+below ``alpha`` times the sampling variance its gradient already has (SGD's own noise). The model
+(docs/adaptive.md derives it):
 
 * an error of mean square ``v_i`` in slot ``i`` adds ``S_im * v_i`` to module ``m``'s squared gradient error
   (``S_im``: the slot's sensitivity); ``v_i = kappa_i * eb_i^2 / 3`` (uniform error on the elements ``sz``
@@ -12,15 +13,20 @@ below ``alpha`` times that module's squared gradient norm. The model (docs/adapt
 * ``S_im`` is the closed form ``fan_in_m * ||delta_m||^2`` where slot ``i`` is the input of a Linear/Conv
   layer ``m`` (and nothing else bends it, which the first measurement checks), else measured: the probe
   compresses that slot alone and compares the gradients with exact ones (:mod:`hpcdl.runtime.probe`);
-* module ``m``'s budget ``alpha * ||g_m||^2`` is shared among the slots that reach it in proportion to their
+* module ``m``'s budget ``alpha * V_m`` is shared among the slots that reach it in proportion to their
   sizes (the split that minimises the total bits when bits grow like ``log(1 / eb)``):
-  ``eb_i^2 = min_m 3 * alpha * ||g_m||^2 * n_i / (sum_j n_j) / (kappa_i * S_im)``.
+  ``eb_i^2 = min_m 3 * alpha * V_m * n_i / (sum_j n_j) / (kappa_i * S_im)``;
+* ``V_m``, the sampling variance of module ``m``'s gradient, is estimated from the gradients of the two steps
+  before each probe and the probe's own (:mod:`hpcdl.runtime.noise`) and averaged over the probes; until the
+  first estimate (the first probe, at step 0, has no steps before it) ``0.1 * ||g_m||^2`` stands in for it
+  (:data:`UNMEASURED_NOISE`).
 
 With ``budget=`` (a memory size) the bounds instead minimise the predicted error under a byte budget for a
 step's saved tensors (:mod:`hpcdl.runtime.budget`).
 
 Probes run on step 0, then every ``probe_every`` steps, and soon after a slot appears that was never
-measured. ``||g_m||`` comes from :meth:`Policy.record_gradients` (after the distributed reduction); the
+measured. ``||g_m||`` and the gradient samples come from :meth:`Policy.record_gradients` (after the
+distributed reduction); the
 probes' measurements are averaged over the ranks the distributed backend supplies (:mod:`hpcdl.runtime.ranks`),
 so every rank decides the same bounds.
 """
@@ -38,6 +44,7 @@ from typing import ClassVar
 import torch
 
 from hpcdl.runtime import budget
+from hpcdl.runtime.noise import GradientSamples, blend
 from hpcdl.runtime.observe import OUTSIDE, ROOT
 from hpcdl.runtime.policy import (
     Controller,
@@ -53,7 +60,11 @@ from hpcdl.units import human_bytes, parse_bytes
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
 CLOSED_FORM_TOLERANCE = 2.0
-#: A bound may grow at most this factor above the bound its sensitivity was measured at (see decide).
+#: Until a module's gradient variance is estimated (the first probe), it counts as this fraction of the squared
+#: gradient norm: a cautious start, under which the default alpha keeps the cosine to the exact gradient at least
+#: 1 / sqrt(1 + alpha * UNMEASURED_NOISE) = 0.995.
+UNMEASURED_NOISE = 0.1
+#: A bound may grow at most this factor per probe (see decide).
 GROWTH = 2.0
 #: The fields of a report that time the controller (:class:`_Clock`); they differ between runs and ranks.
 TIMING_FIELDS = ("controller_seconds", "wall_seconds", "controller_fraction", "controller_seconds_total",
@@ -110,18 +121,18 @@ class ControllerOptions:
 
 @dataclass(frozen=True)
 class AdaptiveOptions(ControllerOptions):
-    """The adaptive controller's options (method spec ``adaptive:alpha=1e-2,probe_every=200``)."""
+    """The adaptive controller's options (method spec ``adaptive:alpha=0.1,probe_every=200``)."""
 
-    alpha: float = 1e-2       # per module: predicted ||gradient error||^2 <= alpha * ||gradient||^2
+    alpha: float = 0.1        # per module: predicted ||gradient error||^2 <= alpha * gradient sampling variance
     probe_every: int = 200    # steps between probes (with reruns, what keeps the overhead under 3%: docs/adaptive.md)
     reruns: int = 2           # measured (not closed-form) slots re-measured per probe after the first, oldest first
     probe_rel: float = 1e-2   # first probe bound of a slot never measured, as a fraction of its value range
-    max_rel: float = 0.1      # no bound above this fraction of the slot's value range
+    max_rel: float = 0.5      # no bound above this fraction of the slot's value range
     budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
     codecs: str = "all"       # the candidate codecs besides sz (hpcdl.runtime.trials.FAMILIES; "sz": sz only)
 
     controller_id: ClassVar[str] = "adaptive"
-    example: ClassVar[str] = "adaptive:alpha=1e-2,probe_every=200"
+    example: ClassVar[str] = "adaptive:alpha=0.1,probe_every=200"
 
 
 @dataclass(frozen=True)
@@ -192,6 +203,10 @@ class AdaptiveController(Controller):
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
         self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
+        self.noise: dict[str, float] = {}  # per module, the sampling variance of its gradient (hpcdl.runtime.noise)
+        self.correction: dict[str, float] = {}  # per module, measured / predicted error of the last check, if > 1
+        self.samples = GradientSamples()  # the gradients of the steps just before the next probe
+        self._sampled: torch.nn.Module | None = None  # the model of a step whose gradients are sampled
         self._unreported = False  # a probe decided since the last report()
 
     # -- the Controller interface -------------------------------------------------------------------------
@@ -206,6 +221,8 @@ class AdaptiveController(Controller):
 
     def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
         self.clock.start()
+        # The two steps before a probe and the probe itself sample their gradients (the noise estimate).
+        self._sampled = model if self.next_probe - 2 <= step <= self.next_probe else None
         if step < self.next_probe:
             self.capture = None
             return contextlib.nullcontext()
@@ -213,13 +230,18 @@ class AdaptiveController(Controller):
         return self.capture
 
     def wants_gradients(self, step: int) -> bool:
-        return self.capture is not None and self.capture.complete
+        return self._sampled is not None or (self.capture is not None and self.capture.complete)
 
     def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:
         capture, self.capture = self.capture, None
-        if capture is None or not capture.complete:
-            return
+        model, self._sampled = self._sampled, None  # not kept: a policy is copied into measuring processes
         start = time.perf_counter()
+        if model is not None:
+            self.samples.add(model, step - 1)  # `step` counts this step's forward already
+        if capture is None or not capture.complete:
+            self.clock.spent(time.perf_counter() - start)
+            return
+        self.noise = blend(self.noise, self.samples.variance())
         self.probe(capture, grad_stats)
         self.next_probe = step - 1 + self.options.probe_every  # `step` counts the captured forward already
         self.clock.spent(time.perf_counter() - start)
@@ -234,7 +256,9 @@ class AdaptiveController(Controller):
 
     def state_dict(self) -> dict:
         return {"options": asdict(self.options), "probes": self.probes, "next_probe": self.next_probe,
-                "fixed_bytes": self.fixed_bytes, "slots": {key: asdict(slot) for key, slot in self.slots.items()}}
+                "fixed_bytes": self.fixed_bytes, "slots": {key: asdict(slot) for key, slot in self.slots.items()},
+                "noise": dict(self.noise), "correction": dict(self.correction),
+                "samples": self.samples.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         try:
@@ -245,6 +269,10 @@ class AdaptiveController(Controller):
                              f"AdaptiveController.state_dict() writes it; this one fails with {err!r}") from None
         self.slots, self.probes, self.next_probe = slots, probes, next_probe
         self.fixed_bytes = float(state.get("fixed_bytes", 0.0))
+        self.noise = {module: float(value) for module, value in state.get("noise", {}).items()}
+        self.correction = {module: float(value) for module, value in state.get("correction", {}).items()}
+        if "samples" in state:
+            self.samples.load_state_dict(state["samples"])
 
     # -- probing and deciding -----------------------------------------------------------------------------
     def probe(self, capture: Capture, grad_stats: Mapping[str, GradStat]) -> None:
@@ -287,6 +315,8 @@ class AdaptiveController(Controller):
                 del self.slots[key]  # no longer saved (the model changed)
         self._reduce_over_ranks(modules)
         self.check = self._check(in_effect, measured_now, grad_stats, modules)
+        self.correction.update((m, max(1.0, row["measured"] / row["predicted"]))
+                               for m, row in self.check.items() if row["predicted"] > 0)
         self.probes += 1
         self.decide(grad_stats)
         self._unreported = True
@@ -304,7 +334,8 @@ class AdaptiveController(Controller):
                grad_stats: Mapping[str, GradStat], modules: list[str]) -> dict[str, dict[str, float]]:
         """Per module, the squared gradient error the bounds in effect before this probe were predicted to cause
         (with this probe's sensitivities) and the one a replay with all of them compressed measured (averaged over
-        ranks and divided by the world size, like the sensitivities), and the squared gradient norm."""
+        ranks and divided by the world size, like the sensitivities), the squared gradient norm and the gradient's
+        sampling variance (0 until estimated)."""
         if not in_effect:
             return {}
         ranks = self.ranks()
@@ -315,7 +346,7 @@ class AdaptiveController(Controller):
             for module, sensitivity in slot.sensitivity.items():
                 predicted[module] = predicted.get(module, 0.0) + sensitivity * slot.variance()
         return {m: {"predicted": predicted[m], "measured": value / ranks.size,
-                    "grad_sq": grad_stats[m].norm ** 2 if m in grad_stats else 0.0}
+                    "grad_sq": grad_stats[m].norm ** 2 if m in grad_stats else 0.0, "noise": self.noise.get(m, 0.0)}
                 for m, value in zip(modules, mean) if value > 0 or predicted[m] > 0}
 
     def report(self) -> dict | None:
@@ -393,20 +424,30 @@ class AdaptiveController(Controller):
         if self.options.budget:
             self.decide_for_bytes(grad_stats)
             return
+        reference = self.reference(grad_stats)
         reach: dict[str, int] = {}
         for slot in self.slots.values():
             for module in slot.sensitivity:
                 reach[module] = reach.get(module, 0) + slot.numel
         for slot in self.slots.values():
-            # sz's error stops being uniform and independent far above the bound it was measured at (on smooth
-            # data it turns coherent), so a bound grows at most GROWTH-fold per probe and is measured there next.
-            cap = min(self.options.max_rel * slot.value_range, GROWTH * slot.measured_bound)
-            squares = [3 * self.options.alpha * grad_stats[m].norm ** 2 * slot.numel / reach[m] / (slot.kappa * s)
-                       for m, s in slot.sensitivity.items()
-                       if s > 0 and slot.kappa > 0 and m in grad_stats and grad_stats[m].norm > 0]
+            # sz's error may stop being uniform and independent far above the bounds it was measured at (on smooth
+            # data it turns coherent). The check replay measures the bounds in effect at every probe and corrects a
+            # module's prediction where it was low (reference), so a bound grows GROWTH-fold per probe at most from
+            # the bound in effect: the next check measures it before it grows again.
+            cap = min(self.options.max_rel * slot.value_range, GROWTH * max(slot.measured_bound, slot.bound))
+            squares = [3 * self.options.alpha * reference[m] * slot.numel / reach[m] / (slot.kappa * s)
+                       for m, s in slot.sensitivity.items() if s > 0 and slot.kappa > 0 and reference.get(m, 0) > 0]
             bound = min([math.sqrt(square) for square in squares] + [cap])
             slot.bound = _on_grid(bound) if bound > 0 else 0.0
             slot.codec = self._cheapest(slot, slot.kappa * bound ** 2 / 3)
+
+    def reference(self, grad_stats: Mapping[str, GradStat]) -> dict[str, float]:
+        """Per module, what its budget is a fraction of: the sampling variance of its gradient (:attr:`noise`), or
+        :data:`UNMEASURED_NOISE` times its squared gradient norm until the variance is estimated, divided by how much the last check measured
+        above the prediction (:attr:`correction`); modules with neither are left out."""
+        reference = {m: UNMEASURED_NOISE * stat.norm ** 2 for m, stat in grad_stats.items() if stat.norm > 0}
+        reference.update((m, v) for m, v in self.noise.items() if v > 0)
+        return {m: v / self.correction.get(m, 1.0) for m, v in reference.items()}
 
     def _cheapest(self, slot: Slot, allowed: float) -> dict | None:
         """The codec of fewest measured bytes among those whose measured error variance is at most ``allowed``
@@ -433,7 +474,7 @@ class AdaptiveController(Controller):
         rels = budget.size_rels(self.options.max_rel)
         options = {}
         for key, slot in self.slots.items():
-            weight = budget.error_weight(slot.sensitivity, grad_stats)
+            weight = budget.error_weight(slot.sensitivity, self.reference(grad_stats))
             bounds = budget.choices(slot.nbytes, slot.value_range, rels, slot.sizes, weight * slot.kappa / 3)
             options[key] = budget.with_codecs(bounds, [budget.Choice(0.0, t["nbytes"], weight * t["mse"], t["codec"])
                                                        for t in slot.trials if usable(t)])
@@ -596,7 +637,7 @@ class ActnnController(AdaptiveController):
         """Each slot quant encodes: its quant points at their measured bytes and error variance."""
         options = {}
         for key, slot in self.slots.items():
-            weight = budget.error_weight(slot.sensitivity, grad_stats)
+            weight = budget.error_weight(slot.sensitivity, self.reference(grad_stats))
             points = [budget.Choice(0.0, t["nbytes"], weight * t["mse"], t["codec"]) for t in slot.trials
                       if math.isfinite(t["nbytes"]) and math.isfinite(t["mse"])]
             if points:

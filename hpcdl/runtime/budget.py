@@ -24,8 +24,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hpcdl.runtime.policy import GradStat
-
 #: Size measurements per slot at each probe: max_rel * 4^-k for k below this (0.1 down to 6e-6 of the range).
 SIZE_POINTS = 8
 #: Candidate bounds per octave (the controller's grid).
@@ -80,9 +78,10 @@ def packed_bytes(rels: Sequence[float], sizes: Sequence[float], rel: float) -> f
     return 2.0 ** points[-1][1]
 
 
-def error_weight(sensitivity: Mapping[str, float], grad_stats: Mapping[str, GradStat]) -> float:
-    """sum_m S_im / ||g_m||^2 over the modules with a gradient: the slot's error per unit of error variance."""
-    return sum(s / grad_stats[m].norm ** 2 for m, s in sensitivity.items() if m in grad_stats and grad_stats[m].norm > 0)
+def error_weight(sensitivity: Mapping[str, float], reference: Mapping[str, float]) -> float:
+    """sum_m S_im / R_m over the modules with a reference ``R_m`` (the controller's: the sampling variance of the
+    module's gradient, or its squared norm): the slot's error per unit of error variance, relative to it."""
+    return sum(s / reference[m] for m, s in sensitivity.items() if reference.get(m, 0.0) > 0)
 
 
 def choices(nbytes: int, value_range: float, rels: Sequence[float], sizes: Sequence[float],
