@@ -175,8 +175,8 @@ def run_memory_benchmark(
     import torch
 
     from hpcdl import memory
-
-    from hpcdl.train.method_spec import parse_methods  # it loads torch; `hpcdl --help` reads DEFAULT_METHODS
+    from hpcdl.train.method_spec import parse_methods  # imported here: it loads torch, and `hpcdl --help` reads
+                                                       # DEFAULT_METHODS from this module
 
     parsed: list[Method] = parse_methods(methods)
     if not batches:
