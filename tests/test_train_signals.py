@@ -136,3 +136,27 @@ def test_a_signal_after_the_training_loop_is_held_and_changes_nothing(tmp_path):
                               capture_output=True, text=True, env=ENV, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.strip().endswith("still here")
+
+
+TWO_RUNS = """
+import os, signal, sys
+from hpcdl.train import run_training
+from hpcdl.train.signals import TrainingInterrupted, hold_stop_signals
+hold_stop_signals()
+os.kill(os.getpid(), signal.SIGUSR1)  # before the first run: it stops after its first step
+try:
+    run_training("hep-particles", run_dir=sys.argv[1] + "/first", overrides=sys.argv[2:])
+except TrainingInterrupted as stopped:
+    print("first stopped after step", stopped.step)
+result = run_training("hep-particles", run_dir=sys.argv[1] + "/second", overrides=sys.argv[2:])
+print("second ran", result.steps, "steps")
+"""
+
+
+def test_a_stop_consumes_its_signal_so_the_next_run_in_the_process_trains_to_the_end(tmp_path):
+    """Where the signals are held for the whole process (an in-process ``hpcdl.cli.main(["train", ...])`` holds
+    them in the caller's process too), a signal that stopped one run must not stop the next one at its first step."""
+    finished = subprocess.run([sys.executable, "-c", TWO_RUNS, str(tmp_path), *SETS], capture_output=True, text=True,
+                              env=ENV, timeout=300)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.splitlines() == ["first stopped after step 1", f"second ran {STEPS} steps"]

@@ -28,7 +28,8 @@ class TrainingInterrupted(Exception):
                          "continue with `hpcdl train CONFIG --resume RUN_DIR`")
 
 
-# The first stop signal received and not yet acted on; written only by _record, in the main thread.
+# The first stop signal received and not yet acted on: set by _record (the main thread's handler), cleared when
+# the ranks agree to stop on it or when a StopRequest installs its own handlers.
 _received: int | None = None
 
 
@@ -61,6 +62,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, SIG_DFL/SIG_IGN or None
+        self._stopped_by: int | None = None  # the signal of the agreed stop on this rank (None: another rank's)
 
     def __enter__(self) -> StopRequest:
         global _received
@@ -76,18 +78,21 @@ class StopRequest:
             signal.signal(number, handler)
         self._previous.clear()
 
-    @property
-    def received(self) -> int | None:
-        """The first stop signal received, or None."""
-        return _received
-
     def agreed(self, backend) -> bool:
-        """Whether any rank received a stop signal; collective: every rank must call it at the same step."""
-        flag = 1.0 if self.received is not None else 0.0
+        """Whether any rank received a stop signal; collective: every rank must call it at the same step.
+
+        A stop agreed on consumes the signal (:attr:`name` keeps it), so that a later run in the same process
+        that holds the signals does not stop on it again.
+        """
+        global _received
+        flag = 1.0 if _received is not None else 0.0
         if backend.size > 1:
             flag = backend.allreduce_mean({"stop": flag})["stop"]
+        if flag > 0:
+            self._stopped_by, _received = _received, None
         return flag > 0
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.received).name if self.received is not None else "a signal on another rank"
+        """The signal the agreed stop was for on this rank, or where it came from."""
+        return signal.Signals(self._stopped_by).name if self._stopped_by is not None else "a signal on another rank"
