@@ -22,6 +22,7 @@ from hpcdl.runtime import Policy, PolicySpecError, policy_from_spec
 from hpcdl.runtime.adaptive import TIMING_FIELDS
 from hpcdl.runtime.fidelity import gradient_cosine, step_gradients
 from hpcdl.runtime.methods import Codec, train_step
+from hpcdl.runtime.probe import RecordingPolicy
 from hpcdl.train.activation import activation_method
 from hpcdl.train.config import ConfigError, load_config
 
@@ -54,23 +55,26 @@ def _lm_loss(target):
     return lambda logits: F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
-def _cnn_case():
+def _cnn_case(batch: int = 8):
     torch.manual_seed(0)
-    x, y = wide_cnn_batch(8, torch.Generator().manual_seed(0), size=32)
+    x, y = wide_cnn_batch(batch, torch.Generator().manual_seed(0), size=32)
     return WideCNN(channels=8, depth=4), x, lambda out: F.cross_entropy(out, y)
 
 
-def _transformer_case():
+def _transformer_case(batch: int = 8):
     torch.manual_seed(0)
-    tokens = torch.randint(0, 50, (8, 65), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, 50, (batch, 65), generator=torch.Generator().manual_seed(0))
     return TransformerBlock(), tokens[:, :-1], _lm_loss(tokens[:, 1:])
 
 
-@pytest.mark.parametrize("case", [_cnn_case, _transformer_case], ids=["cnn", "transformer"])
-def test_predicted_gradient_error_matches_the_measured_one(case):
-    model, x, loss_fn = case()
+@pytest.mark.parametrize("case,batch", [(_cnn_case, 8), (_transformer_case, 8), (_cnn_case, 32), (_transformer_case, 32)],
+                         ids=["cnn", "transformer", "cnn-probed-on-8-of-32", "transformer-probed-on-8-of-32"])
+def test_predicted_gradient_error_matches_the_measured_one(case, batch):
+    """The bounds' predicted gradient error against the error a compressed step measures on the whole batch; at
+    batch 32 the probes replay 8 of the samples and scale what they measure (hpcdl.runtime.probe)."""
+    model, x, loss_fn = case(batch)
     exact = _gradients(model, x, loss_fn)
-    policy = Policy.adaptive(probe_every=1, reruns=100)
+    policy = Policy.adaptive(probe_every=1, reruns=100, probe_rows=8)
     for _ in range(5):  # bounds grow at most 2x per probe: let them settle where they are measured
         _gradients(model, x, loss_fn, policy)
     controller = policy.controller
@@ -80,6 +84,22 @@ def test_predicted_gradient_error_matches_the_measured_one(case):
     predicted = sum(controller.predicted_error().values())
     assert 0.5 <= measured / predicted <= 2.0, (measured, predicted)
     assert measured > 0
+
+
+def test_the_probe_replays_a_sub_batch_and_counts_the_whole_batchs_bytes():
+    """probe_rows=8 of a batch of 32: every replay runs 8 samples, and each slot's element count and bytes are
+    those of the tensor the training step saved (32 samples)."""
+    model, x, loss_fn = _cnn_case(32)
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[0]))
+    policy = Policy.adaptive(probe_rows=8)
+    _gradients(model, x, loss_fn, policy)
+    assert rows[0] == 32 and len(rows) > 2 and set(rows[1:]) == {8}  # the training forward, then the replays
+    whole = RecordingPolicy({})
+    with hpcdl.compressed(model, whole):
+        model(x)
+    for key, slot in policy.controller.slots.items():
+        assert (slot.numel, slot.nbytes) == (whole.slots[key].numel, whole.slots[key].nbytes), key
 
 
 def test_a_probe_leaves_buffers_gradients_and_random_state_as_a_plain_step_does():

@@ -128,6 +128,7 @@ class AdaptiveOptions(ControllerOptions):
     reruns: int = 2           # measured (not closed-form) slots re-measured per probe after the first, oldest first
     probe_rel: float = 1e-2   # first probe bound of a slot never measured, as a fraction of its value range
     max_rel: float = 0.5      # no bound above this fraction of the slot's value range
+    probe_rows: int = 16      # the replays run on this many samples of the batch (probe memory: docs/adaptive.md)
     budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
     codecs: str = "all"       # the candidate codecs besides sz (hpcdl.runtime.trials.FAMILIES; "sz": sz only)
 
@@ -203,6 +204,7 @@ class AdaptiveController(Controller):
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
         self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
+        self.whole_numel: dict[str, int] = {}  # slot -> elements in the probe step's forward (whole batch)
         self.noise: dict[str, float] = {}  # per module, the sampling variance of its gradient (hpcdl.runtime.noise)
         self.correction: dict[str, float] = {}  # per module, measured / predicted error of the last check, if > 1
         self.samples = GradientSamples()  # the gradients of the steps just before the next probe
@@ -212,6 +214,8 @@ class AdaptiveController(Controller):
     # -- the Controller interface -------------------------------------------------------------------------
     def choose(self, info: SavedTensorInfo) -> dict | None:
         key = self.names.next(info.module, info.step)
+        if self.capture is not None:  # a probe step: its replays may run on a sub-batch of this one
+            self.whole_numel[key] = math.prod(info.shape)
         slot = self.slots.get(key)
         if slot is None:
             if info.module != OUTSIDE:  # saved outside the model's forward (the loss): no replay ever meets it
@@ -277,13 +281,14 @@ class AdaptiveController(Controller):
     # -- probing and deciding -----------------------------------------------------------------------------
     def probe(self, capture: Capture, grad_stats: Mapping[str, GradStat]) -> None:
         """Measure the slots of the captured step (exact replay, closed forms, perturbed replays), then decide."""
-        replayer = Replayer(capture)
+        replayer = Replayer(capture, rows=self.options.probe_rows)
         owners = _owners(capture.model, replayer.params)
         modules = sorted(set(owners))  # the same list on every rank: the axis of the reductions over ranks
         with replayer.restored():
             exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel,
                                                  size_rels=self.size_rels(), candidates=self.candidates(),
-                                                 threshold=capture.threshold), layer_calls=[])
+                                                 threshold=capture.threshold, whole_numel=self.whole_numel),
+                                 layer_calls=[])
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
             for key, record in exact.slots.items():
@@ -572,12 +577,13 @@ def _owners(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[st
 
 
 def _deviation(perturbed: Replay, exact: Replay, owners: list[str]) -> dict[str, float]:
-    """Per module, ||perturbed gradient - exact gradient||^2 (only modules where it is not zero)."""
+    """Per module, ||perturbed gradient - exact gradient||^2, scaled to the whole batch (:class:`Replay`; only
+    modules where it is not zero)."""
     deviation: dict[str, float] = {}
     for owner, got, want in zip(owners, perturbed.grads, exact.grads):
         if got is None or want is None:
             continue
-        value = float((got.double() - want.double()).square().sum())
+        value = float((got.double() - want.double()).square().sum()) * perturbed.scale
         if value > 0:
             deviation[owner] = deviation.get(owner, 0.0) + value
     return deviation

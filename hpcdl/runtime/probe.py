@@ -23,8 +23,14 @@ A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like th
      gradients minus the exact ones are that slot's measured effect, per module. The check replay compresses
      every slot with the codec in effect.
 
-The replays hold the step's activations uncompressed (they measure against exact gradients), so a probe step
-needs the memory of an uncompressed step; see docs/adaptive.md.
+The replays hold their activations uncompressed (they measure against exact gradients). So that a probe does
+not need the memory of a whole uncompressed step, the replays run on the first ``rows`` samples of the
+captured batch where the call can be cut (:meth:`Capture.batch_rows`: every tensor argument and output
+gradient shares its first dimension), and what they measure is scaled to the whole batch: packed sizes and
+element counts of the tensors that carry the batch dimension by ``batch / rows``; gradient deviations and
+output-gradient norms by the same factor, because a weight gradient's error from independent errors in
+``rows`` samples is a sum of ``rows`` independent terms (the output gradients keep the whole batch's
+``1 / batch`` scaling). See docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -62,6 +68,17 @@ class SlotNames:
         index = self.counts.get(module, 0)
         self.counts[module] = index + 1
         return f"{module}#{index}"
+
+
+def _first_rows(value, rows: int):
+    """``value`` (a tensor or a nested tuple, list or dict of them) with every tensor cut to its first ``rows``."""
+    if isinstance(value, torch.Tensor):
+        return value[:rows]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_first_rows(item, rows) for item in value)
+    if isinstance(value, dict):
+        return {key: _first_rows(item, rows) for key, item in value.items()}
+    return value
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -117,6 +134,13 @@ class Capture:
             self.output_grads[index] = grad.detach()
         return hook
 
+    def batch_rows(self) -> int | None:
+        """The captured call's batch size: the first dimension every tensor argument and output gradient shares,
+        or None when they share none (the call cannot be cut into a sub-batch)."""
+        tensors = [*_tensors(self.args), *_tensors(self.kwargs), *self.output_grads.values()]
+        sizes = {int(t.shape[0]) if t.dim() else -1 for t in tensors}
+        return sizes.pop() if len(sizes) == 1 and min(sizes) > 0 else None
+
     @property
     def complete(self) -> bool:
         """Whether the forward ran and backward reached at least one output."""
@@ -155,7 +179,8 @@ class Replay:
     grads: list[torch.Tensor | None]
     slots: dict[str, SlotRecord] = field(default_factory=dict)
     layer_calls: list[LayerCall] = field(default_factory=list)
-    held_bytes: int = 0  # what the replay's session counted as held (packed or kept), every saved tensor once
+    held_bytes: float = 0.0  # what the replay's session counted as held (packed or kept), every saved tensor once
+    scale: float = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
 
 
 def _storage_of(tensor: torch.Tensor) -> tuple:
@@ -172,7 +197,7 @@ class RecordingPolicy(Policy):
 
     def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
                  perturb: dict[str, dict] | None = None, size_rels: tuple[float, ...] = (),
-                 candidates: tuple[dict, ...] = (), threshold: int = 0):
+                 candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
@@ -180,6 +205,8 @@ class RecordingPolicy(Policy):
         self.candidates, self.threshold = candidates, threshold  # exact replay: trial encodes of these codecs
         self.perturb = perturb or {}  # slot -> the codec config it is compressed with (the rest kept exact)
         self.slots: dict[str, SlotRecord] = {}
+        self.cut: tuple[int, float] | None = None  # (rows, batch / rows) while a replay runs on a sub-batch
+        self.whole_numel = whole_numel or {}  # slot -> its element count in the training step (of the whole batch)
         self._key = ""
 
     def info(self, module: str, kind: str, tensor: torch.Tensor) -> SavedTensorInfo:
@@ -211,6 +238,13 @@ class RecordingPolicy(Policy):
             record.sizes = [whole_bytes(self.codec(sz_abs(rel * record.value_range)).encode(part), source, part)
                             for rel in self.size_rels]
         record.trials = [trial(config, source, self.codec, self.threshold) for config in self.candidates]
+        if self.cut is not None and self.whole_numel.get(self._key, record.numel) != record.numel:
+            factor = self.whole_numel[self._key] / record.numel  # a sub-batch of a tensor of the whole batch
+            record.numel, record.nbytes = round(record.numel * factor), round(record.nbytes * factor)
+            record.nonzero = round(record.nonzero * factor)
+            record.sizes = [size * factor for size in record.sizes]
+            for candidate in record.trials:
+                candidate.nbytes *= factor
         return record
 
 
@@ -249,10 +283,23 @@ def _layer_calls(model: nn.Module, calls: list[LayerCall]) -> Iterator[None]:
 class Replayer:
     """Runs a captured forward again under a given policy, leaving the model's buffers and the RNG as they were."""
 
-    def __init__(self, capture: Capture):
+    def __init__(self, capture: Capture, rows: int | None = None):
+        """``rows``: replay only that many samples of the batch, where the call can be cut and has more."""
         self.capture = capture
         self.model = capture.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        batch = capture.batch_rows()
+        self.cut: tuple[int, float] | None = None
+        self.args, self.kwargs, self.output_grads = capture.args, capture.kwargs, capture.output_grads
+        if rows and batch and rows < batch:
+            self.cut = (rows, batch / rows)
+            self.args, self.kwargs = _first_rows(capture.args, rows), _first_rows(capture.kwargs, rows)
+            self.output_grads = {index: grad[:rows] for index, grad in capture.output_grads.items()}
+
+    @property
+    def scale(self) -> float:
+        """Whole batch / replayed rows (1: the whole batch is replayed)."""
+        return self.cut[1] if self.cut else 1.0
 
     @contextlib.contextmanager
     def restored(self) -> Iterator[None]:
@@ -277,9 +324,13 @@ class Replayer:
         if capture.cuda_rng is not None:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
         watching = _layer_calls(self.model, layer_calls) if layer_calls is not None else contextlib.nullcontext()
+        policy.cut = self.cut
         with torch.enable_grad(), watching:
             with compressed(self.model, policy, threshold=capture.threshold) as session:
-                outputs = _tensors(self.model(*capture.args, **capture.kwargs))
-            pairs = [(outputs[i], g) for i, g in sorted(capture.output_grads.items()) if i < len(outputs)]
+                outputs = _tensors(self.model(*self.args, **self.kwargs))
+            pairs = [(outputs[i], g) for i, g in sorted(self.output_grads.items()) if i < len(outputs)]
             grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True)
-        return Replay(list(grads), policy.slots, layer_calls or [], session.stats.packed_bytes)
+        for call in layer_calls or []:
+            call.delta_sq *= self.scale
+        return Replay(list(grads), policy.slots, layer_calls or [], session.stats.packed_bytes * self.scale,
+                      self.scale)
