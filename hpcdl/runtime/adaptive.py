@@ -51,6 +51,7 @@ from hpcdl.runtime.policy import (
     GradStat,
     PolicySpecError,
     SavedTensorInfo,
+    default_codec_config,
     register_controller,
     spec_from_config,
 )
@@ -204,6 +205,7 @@ class AdaptiveController(Controller):
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
         self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
+        self.unmeasured = default_codec_config()  # the codec of a slot never measured (hpcdl's default policy)
         self.whole_numel: dict[str, int] = {}  # slot -> elements in the probe step's forward (whole batch)
         self.noise: dict[str, float] = {}  # per module, the sampling variance of its gradient (hpcdl.runtime.noise)
         self.correction: dict[str, float] = {}  # per module, measured / predicted error of the last check, if > 1
@@ -218,9 +220,10 @@ class AdaptiveController(Controller):
             self.whole_numel[key] = math.prod(info.shape)
         slot = self.slots.get(key)
         if slot is None:
-            if info.module != OUTSIDE:  # saved outside the model's forward (the loss): no replay ever meets it
-                self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
-            return None
+            if info.module == OUTSIDE:  # saved outside the model's forward (the loss): no replay ever meets it
+                return None
+            self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
+            return self.unmeasured  # until then the default policy, so step 0 is no uncompressed step
         return slot.config()
 
     def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
