@@ -171,7 +171,7 @@ def test_a_tiny_adaptive_study_run_records_its_decisions_and_reports_them(tmp_pa
     assert any(rel and rel > 0 for _codec, rel in decisions[0]["slots"].values())
     assert "check_measured_total" not in decisions[0] and decisions[1]["check_measured_total"] > 0
     assert decisions[1]["check_predicted_total"] > 0 and decisions[0]["ratio"] > 1
-    # The first step trains uncompressed while the controller measures: the steps after it compress more.
+    # The first step trains under the default policy while the controller measures: the steps after it compress more.
     assert adaptive["activation_ratio_after_first_decision"] > adaptive["activation_ratio"] > 1
     report = write_report(tmp_path).read_text()
     assert "## Targets (issue 13)" in report and "| hep-cnn | adaptive:probe_every=2 | 0 |" in report

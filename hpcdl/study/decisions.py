@@ -71,7 +71,7 @@ def summarise_decisions(metrics_path: str | Path) -> dict | None:
 
     Returns ``{"decisions": [...], "activation_ratio_after_first_decision": float | None}``: the latter is the
     ratio of every step after the first decision, the steady compression without the first probe's step
-    (the adaptive controller's first step trains uncompressed while it measures).
+    (the adaptive controller's first step trains under the default policy while it measures).
     """
     path = Path(metrics_path)
     if not path.exists():
