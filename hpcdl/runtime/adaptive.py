@@ -451,8 +451,9 @@ class AdaptiveController(Controller):
 
     def reference(self, grad_stats: Mapping[str, GradStat]) -> dict[str, float]:
         """Per module, what its budget is a fraction of: the sampling variance of its gradient (:attr:`noise`), or
-        :data:`UNMEASURED_NOISE` times its squared gradient norm until the variance is estimated, divided by how much the last check measured
-        above the prediction (:attr:`correction`); modules with neither are left out."""
+        :data:`UNMEASURED_NOISE` times its squared gradient norm until the variance is estimated, divided by how
+        much the last check measured above the prediction (:attr:`correction`); modules with neither are left
+        out."""
         reference = {m: UNMEASURED_NOISE * stat.norm ** 2 for m, stat in grad_stats.items() if stat.norm > 0}
         reference.update((m, v) for m, v in self.noise.items() if v > 0)
         return {m: v / self.correction.get(m, 1.0) for m, v in reference.items()}
