@@ -57,9 +57,8 @@ class GradientSamples:
             for param in module.parameters(recurse=False):
                 if param.grad is None or not param.grad.numel():
                     continue
-                key = len(self._coordinates) if id(param) not in self._coordinates else None
-                if key is not None:
-                    self._coordinates[id(param)] = _coordinates(param.numel(), key)
+                if id(param) not in self._coordinates:  # the n-th parameter met gets the n-th fixed choice
+                    self._coordinates[id(param)] = _coordinates(param.numel(), len(self._coordinates))
                 chosen = self._coordinates[id(param)]
                 flat = param.grad.detach().reshape(-1)
                 if chosen is not None:

@@ -205,8 +205,8 @@ class RecordingPolicy(Policy):
         self.candidates, self.threshold = candidates, threshold  # exact replay: trial encodes of these codecs
         self.perturb = perturb or {}  # slot -> the codec config it is compressed with (the rest kept exact)
         self.slots: dict[str, SlotRecord] = {}
-        self.cut: tuple[int, float] | None = None  # (rows, batch / rows) while a replay runs on a sub-batch
         self.whole_numel = whole_numel or {}  # slot -> its element count in the training step (of the whole batch)
+        self.sub_batch = False  # set by the Replayer: this replay runs on part of the batch
         self._key = ""
 
     def info(self, module: str, kind: str, tensor: torch.Tensor) -> SavedTensorInfo:
@@ -238,7 +238,7 @@ class RecordingPolicy(Policy):
             record.sizes = [whole_bytes(self.codec(sz_abs(rel * record.value_range)).encode(part), source, part)
                             for rel in self.size_rels]
         record.trials = [trial(config, source, self.codec, self.threshold) for config in self.candidates]
-        if self.cut is not None and self.whole_numel.get(self._key, record.numel) != record.numel:
+        if self.sub_batch and self.whole_numel.get(self._key, record.numel) != record.numel:
             factor = self.whole_numel[self._key] / record.numel  # a sub-batch of a tensor of the whole batch
             record.numel, record.nbytes = round(record.numel * factor), round(record.nbytes * factor)
             record.nonzero = round(record.nonzero * factor)
@@ -289,17 +289,13 @@ class Replayer:
         self.model = capture.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         batch = capture.batch_rows()
-        self.cut: tuple[int, float] | None = None
+        self.scale = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
         self.args, self.kwargs, self.output_grads = capture.args, capture.kwargs, capture.output_grads
         if rows and batch and rows < batch:
-            self.cut = (rows, batch / rows)
+            self.scale = batch / rows
             self.args, self.kwargs = _first_rows(capture.args, rows), _first_rows(capture.kwargs, rows)
             self.output_grads = {index: grad[:rows] for index, grad in capture.output_grads.items()}
 
-    @property
-    def scale(self) -> float:
-        """Whole batch / replayed rows (1: the whole batch is replayed)."""
-        return self.cut[1] if self.cut else 1.0
 
     @contextlib.contextmanager
     def restored(self) -> Iterator[None]:
@@ -324,7 +320,7 @@ class Replayer:
         if capture.cuda_rng is not None:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
         watching = _layer_calls(self.model, layer_calls) if layer_calls is not None else contextlib.nullcontext()
-        policy.cut = self.cut
+        policy.sub_batch = self.scale != 1.0
         with torch.enable_grad(), watching:
             with compressed(self.model, policy, threshold=capture.threshold) as session:
                 outputs = _tensors(self.model(*self.args, **self.kwargs))
