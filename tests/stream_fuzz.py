@@ -44,6 +44,8 @@ CONFIGS = {
               {"id": "quant", "bits": 4, "group_size": 7, "scale_dtype": "fp16", "seed": 0}],
     "int": [{"id": "int"}],
     "levels": [{"id": "levels"}],
+    "window": [{"id": "window", "input": [12, 10], "kernel": [3, 3], "stride": [2, 2], "padding": [1, 1],
+                "dilation": [1, 1]}],
     "sz": [{"id": "sz", "mode": "abs", "bound": 1e-2}, {"id": "sz", "mode": "rel", "bound": 1e-3},
            {"id": "sz", "mode": "pw_rel", "bound": 1e-2}],
     "sz3": [{"id": "sz3", "mode": "rel", "bound": 1e-3}],
@@ -57,6 +59,9 @@ ADDRESS_SPACE_HEADROOM = 2 * 2**30  # bytes of address space above what the warm
 def tensors_for(codec) -> list[torch.Tensor]:
     """Small tensors of each dtype the codec takes (float32/float64/bf16, int64/uint8, bool), some with zeros."""
     generator = torch.Generator().manual_seed(0)
+    if codec.codec_id == "window":  # max-pool indices of its geometry: nothing else encodes
+        x = torch.randn(2, 3, 12, 10, generator=generator)
+        return [torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True)[1]]
     smooth = torch.cumsum(torch.randn(6, 40, generator=generator), 1)
     candidates = [
         torch.relu(smooth), smooth.to(torch.float64), smooth.to(torch.bfloat16),

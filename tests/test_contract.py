@@ -137,6 +137,8 @@ STREAM_CASES = [
     ({"id": "quant", "bits": 8, "scale_dtype": "fp16", "seed": 1}, torch.randn(3, 50, dtype=torch.float64)),
     ({"id": "int"}, torch.arange(77, dtype=torch.int64) * 3),
     ({"id": "levels"}, (torch.randn(83) > 0) * 2.5),
+    ({"id": "window", "input": [9, 7], "kernel": [2, 2], "stride": [2, 2], "padding": [0, 0], "dilation": [1, 1]},
+     torch.nn.functional.max_pool2d(torch.randn(2, 9, 7), 2, return_indices=True)[1]),
     ({"id": "sz", "mode": "rel", "bound": 1e-2}, torch.randn(90)),
 ]
 

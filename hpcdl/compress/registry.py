@@ -30,6 +30,7 @@ _BUILTIN_MODULES = {
     "bitmask": "hpcdl.compress.bitmask",
     "int": "hpcdl.compress.intcodec",
     "levels": "hpcdl.compress.levels",
+    "window": "hpcdl.compress.window",
     "quant": "hpcdl.compress.quant",
     "sz": "hpcdl.compress.sz",
     "sz3": "hpcdl.compress.peers",

@@ -6,7 +6,8 @@ elements a strided tensor touches, which is how the session recognises one
 storage saved several times (a ReLU output that the next conv also saves, or a
 transposed view) and rebuilds each view with its own size, strides and offset.
 :class:`ModelStorages` recognises parameters and buffers, including views of
-them such as the transposed weight that ``Linear`` saves.
+them such as the transposed weight that ``Linear`` saves. :func:`pool_window`
+names the pooling geometry of a max-pool's saved indices (the ``window`` codec).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
+from hpcdl.compress.window import MAX_TAPS
 
 
 def kind_of(tensor: torch.Tensor) -> str | None:
@@ -26,6 +30,27 @@ def kind_of(tensor: torch.Tensor) -> str | None:
     if tensor.dtype.is_complex or tensor.is_quantized:
         return None
     return "index"
+
+
+_MAX_POOL_DIMS = ((nn.MaxPool3d, 3), (nn.MaxPool2d, 2), (nn.MaxPool1d, 1))
+
+
+def pool_window(module: nn.Module, args: tuple) -> dict | None:
+    """The ``window`` codec config for the indices ``module`` saves when it is an ``nn.MaxPool1d/2d/3d`` called on
+    ``args`` (its geometry and its input's spatial size); None for any other module or an input it cannot be."""
+    dims = next((d for kind, d in _MAX_POOL_DIMS if isinstance(module, kind)), None)
+    if dims is None or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() < dims + 1:
+        return None
+
+    def per_dim(value) -> list[int]:
+        return [int(v) for v in value] if isinstance(value, (tuple, list)) else [int(value)] * dims
+
+    kernel = per_dim(module.kernel_size)
+    if math.prod(kernel) > MAX_TAPS:
+        return None
+    return {"id": "window", "input": list(args[0].shape[-dims:]), "kernel": kernel,
+            "stride": per_dim(module.stride or module.kernel_size), "padding": per_dim(module.padding),
+            "dilation": per_dim(module.dilation)}
 
 
 def is_plain_strided(tensor: torch.Tensor) -> bool:

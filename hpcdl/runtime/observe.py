@@ -17,23 +17,29 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from hpcdl.runtime.classify import ModelStorages
+from hpcdl.runtime.classify import ModelStorages, pool_window
 
 ROOT = "(model)"  # the label of the model itself (its empty module name)
 OUTSIDE = "(outside)"  # saved while no module of the model runs
 
 
 class ModuleTracker:
-    """The name of the innermost running module of ``model`` (:attr:`current`) while the context is open."""
+    """The name of the innermost running module of ``model`` (:attr:`current`) while the context is open, and
+    the ``window`` codec config of its indices when it is a max pool (:attr:`current_window`)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.stack: list[str] = []
+        self.windows: list[dict | None] = []
         self._handles: list = []
 
     @property
     def current(self) -> str:
         return self.stack[-1] if self.stack else OUTSIDE
+
+    @property
+    def current_window(self) -> dict | None:
+        return self.windows[-1] if self.windows else None
 
     def __enter__(self) -> ModuleTracker:
         for name, module in self.model.named_modules():
@@ -47,16 +53,19 @@ class ModuleTracker:
             handle.remove()
         self._handles.clear()
         self.stack.clear()
+        self.windows.clear()
 
     def _enter(self, label: str):
         def hook(module, args):
             self.stack.append(label)
+            self.windows.append(pool_window(module, args))
         return hook
 
     def _leave(self, label: str):
         def hook(module, args, output):
             if self.stack and self.stack[-1] == label:
                 self.stack.pop()
+                self.windows.pop()
         return hook
 
 

@@ -1,8 +1,9 @@
 """Which codec each saved tensor gets: :class:`Policy`, the :class:`Controller` interface, and method specs.
 
 A :class:`Policy` routes by what a saved tensor is. Boolean tensors (dropout
-masks) go to the exact ``bitmask`` codec and integer tensors (max-pool
-indices) to the exact ``int`` codec, because a lossy mask or index would change
+masks) go to the exact ``bitmask`` codec and integer tensors to the exact ``int``
+codec (the indices of an ``nn.MaxPool1d/2d/3d`` to ``window``, which stores each
+as its tap inside the pooling window), because a lossy mask or index would change
 which elements backward touches. Floating tensors ("activations") go to
 whatever the policy's :class:`Controller` chooses.
 
@@ -69,6 +70,7 @@ class SavedTensorInfo:
     dtype: torch.dtype
     step: int
     grad_stats: Mapping[str, GradStat] = field(default_factory=dict)
+    window: dict | None = None  # an index saved by a max pool: the ``window`` codec config of its geometry
 
 
 class Controller(ABC):
@@ -248,13 +250,14 @@ class Policy:
         if info.kind == "mask":
             config = self.masks
         elif info.kind == "index":
-            config = self.indices
+            # max-pool indices of a known geometry get the int codec's geometry-aware form
+            config = info.window if info.window is not None and self.indices == INDEX_CODEC else self.indices
         else:
             config = self.controller.choose(info)
         return None if config is None else self.codec(config)
 
-    def info(self, module: str, kind: str, tensor: torch.Tensor) -> SavedTensorInfo:
-        return SavedTensorInfo(module, kind, tuple(tensor.shape), tensor.dtype, self.step, self.grad_stats)
+    def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None) -> SavedTensorInfo:
+        return SavedTensorInfo(module, kind, tuple(tensor.shape), tensor.dtype, self.step, self.grad_stats, window)
 
     def wants_gradients(self) -> bool:
         """Whether this step's gradient statistics should be read (the controller decides; see :class:`Controller`)."""

@@ -209,12 +209,12 @@ class RecordingPolicy(Policy):
         self.sub_batch = False  # set by the Replayer: this replay runs on part of the batch
         self._key = ""
 
-    def info(self, module: str, kind: str, tensor: torch.Tensor) -> SavedTensorInfo:
+    def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None) -> SavedTensorInfo:
         if kind == "activation":
             self._key = self.names.next(module, self.step)
             if self.trial_bounds is not None:
                 self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key))
-        return super().info(module, kind, tensor)
+        return super().info(module, kind, tensor, window)
 
     def codec_for(self, info: SavedTensorInfo):
         if info.kind != "activation" or self._key not in self.perturb:

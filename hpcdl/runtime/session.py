@@ -362,7 +362,10 @@ class Session:
         entry = _Entry(tensor, layout, row, self.stats)
         nbytes = layout.numel * tensor.element_size()
         row.original += nbytes
-        codec = self.policy.codec_for(self.policy.info(module, kind, tensor)) if self.policy is not None else None
+        # a max pool's indices in their standard layout, which is what the window codec is given to encode
+        window = self._modules.current_window if kind == "index" and tensor.is_contiguous() else None
+        codec = self.policy.codec_for(self.policy.info(module, kind, tensor, window)) if self.policy is not None \
+            else None
         if codec is None:
             entry.kept = tensor
             row.kept += 1
