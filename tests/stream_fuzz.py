@@ -47,7 +47,8 @@ CONFIGS = {
     "window": [{"id": "window", "input": [12, 10], "kernel": [3, 3], "stride": [2, 2], "padding": [1, 1],
                 "dilation": [1, 1]}],
     "sz": [{"id": "sz", "mode": "abs", "bound": 1e-2}, {"id": "sz", "mode": "rel", "bound": 1e-3},
-           {"id": "sz", "mode": "pw_rel", "bound": 1e-2}],
+           {"id": "sz", "mode": "pw_rel", "bound": 1e-2},
+           {"id": "sz", "mode": "rel", "bound": 1e-2, "entropy": "zstd"}],
     "sz3": [{"id": "sz3", "mode": "rel", "bound": 1e-3}],
     "zfp": [{"id": "zfp", "mode": "abs", "bound": 1e-3}],
 }

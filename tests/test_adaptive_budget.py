@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from runtime_models import WideCNN, wide_cnn_step  # noqa: E402
 
 
-def _probed(budget: int):
+def _probed(budget: int, entropy: str = "zstd"):
     """A small CNN and a budget-mode policy after its probe (step 0)."""
     torch.manual_seed(0)
     model = WideCNN(channels=8, depth=4)
-    policy = Policy.adaptive(budget=budget, probe_every=10**6)
+    policy = Policy.adaptive(budget=budget, probe_every=10**6, entropy=entropy)
     wide_cnn_step(model, policy)
     assert policy.controller.probes == 1
     return model, policy
@@ -36,14 +36,17 @@ def _probed(budget: int):
 UNCOMPRESSED = 2_196_292  # bytes the CNN's step saves uncompressed (the first, all-exact step measures it)
 
 
+@pytest.mark.parametrize("entropy,spent", [("none", 0.9), ("zstd", 0.85)])
 @pytest.mark.parametrize("fraction", [1 / 3, 1 / 8])
-def test_a_step_after_the_probe_packs_within_the_budget(fraction):
+def test_a_step_after_the_probe_packs_within_the_budget(fraction, entropy, spent):
     budget = int(UNCOMPRESSED * fraction)
-    model, policy = _probed(budget)
+    model, policy = _probed(budget, entropy)
     for seed in (0, 1):  # the probe's batch and another one
         stats = wide_cnn_step(model, policy, seed)
         assert stats.packed_bytes <= budget, (stats.packed_bytes, budget)
-        assert stats.packed_bytes >= 0.9 * budget  # the budget is spent, not wasted
+        # the budget is spent, not wasted (with the entropy stage the bytes per bound step are coarser: at 1/3
+        # the allocation predicts 86% and packs 86%)
+        assert stats.packed_bytes >= spent * budget
     assert policy.controller.predicted_bytes() <= budget
 
 

@@ -140,6 +140,7 @@ STREAM_CASES = [
     ({"id": "window", "input": [9, 7], "kernel": [2, 2], "stride": [2, 2], "padding": [0, 0], "dilation": [1, 1]},
      torch.nn.functional.max_pool2d(torch.randn(2, 9, 7), 2, return_indices=True)[1]),
     ({"id": "sz", "mode": "rel", "bound": 1e-2}, torch.randn(90)),
+    ({"id": "sz", "mode": "rel", "bound": 1e-2, "entropy": "zstd"}, torch.relu(torch.randn(300))),
 ]
 
 

@@ -10,6 +10,9 @@ Three sources of codecs, looked up in this order:
   (one scan of the installed metadata per process) and loaded on first use. A codec installed this
   way is known in every process that sees the distribution: ``hpcdl train``, a Slurm job, the
   measuring subprocess of :mod:`hpcdl.memory`, without an import anywhere.
+
+Any codec's config may add ``"entropy": "zstd"``: ``get_codec`` then wraps the codec in the lossless zstd
+stage of :mod:`hpcdl.compress.entropy` (spec ``sz:rel=1e-2,entropy=zstd``).
 """
 
 from __future__ import annotations
@@ -111,4 +114,9 @@ def get_codec(config: dict | Codec) -> Codec:
         raise TypeError(f"a codec config is a dict like {{'id': 'sz', 'mode': 'rel', 'bound': 1e-2}}, got {config!r}")
     if "id" not in config:
         raise ValueError(f"codec config {config!r} has no 'id'; known ids: {', '.join(known_codec_ids())}")
+    if "entropy" in config:  # any codec with the lossless zstd stage over its stream (hpcdl.compress.entropy)
+        from hpcdl.compress.entropy import EntropyStage
+
+        inner = {key: value for key, value in config.items() if key != "entropy"}
+        return EntropyStage(codec_class(config["id"]).from_config(inner), config["entropy"])
     return codec_class(config["id"]).from_config(dict(config))

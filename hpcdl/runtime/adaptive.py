@@ -43,6 +43,8 @@ from typing import ClassVar
 
 import torch
 
+from hpcdl.compress.entropy import METHODS as ENTROPY_METHODS
+from hpcdl.compress.entropy import with_stage
 from hpcdl.runtime import budget
 from hpcdl.runtime.noise import GradientSamples, blend
 from hpcdl.runtime.observe import OUTSIDE, ROOT
@@ -58,6 +60,8 @@ from hpcdl.runtime.policy import (
 from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, sz_abs
 from hpcdl.runtime.trials import FAMILIES, QUANT_BITS, Trial
 from hpcdl.units import human_bytes, parse_bytes
+
+ENTROPY_STAGES = ("none", *ENTROPY_METHODS)
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
 CLOSED_FORM_TOLERANCE = 2.0
@@ -99,6 +103,12 @@ class ControllerOptions:
                     raise PolicySpecError(f"{cls.controller_id} option budget is a memory size like 2GiB or "
                                           f"500000000: {err}") from None
                 continue
+            if name == "entropy":
+                if value not in ENTROPY_STAGES:
+                    raise PolicySpecError(f"{cls.controller_id} option entropy is one of {', '.join(ENTROPY_STAGES)}, "
+                                          f"got {value!r}")
+                values[name] = value
+                continue
             if name == "codecs":
                 if value not in FAMILIES:
                     raise PolicySpecError(f"{cls.controller_id} option codecs is one of {', '.join(FAMILIES)}, "
@@ -132,6 +142,7 @@ class AdaptiveOptions(ControllerOptions):
     probe_rows: int = 16      # the replays run on this many samples of the batch (probe memory: docs/adaptive.md)
     budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
     codecs: str = "all"       # the candidate codecs besides sz (hpcdl.runtime.trials.FAMILIES; "sz": sz only)
+    entropy: str = "zstd"     # the lossless stage over every chosen codec's stream ("none": without; compress.entropy)
 
     controller_id: ClassVar[str] = "adaptive"
     example: ClassVar[str] = "adaptive:alpha=0.1,probe_every=200"
@@ -205,7 +216,8 @@ class AdaptiveController(Controller):
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
         self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
-        self.unmeasured = default_codec_config()  # the codec of a slot never measured (hpcdl's default policy)
+        # the codec of a slot never measured: hpcdl's default policy (with the entropy stage)
+        self.unmeasured = with_stage(default_codec_config(), self.options.entropy)
         self.whole_numel: dict[str, int] = {}  # slot -> elements in the probe step's forward (whole batch)
         self.noise: dict[str, float] = {}  # per module, the sampling variance of its gradient (hpcdl.runtime.noise)
         self.correction: dict[str, float] = {}  # per module, measured / predicted error of the last check, if > 1
@@ -224,7 +236,7 @@ class AdaptiveController(Controller):
                 return None
             self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
             return self.unmeasured  # until then the default policy, so step 0 is no uncompressed step
-        return slot.config()
+        return with_stage(slot.config(), self.options.entropy)
 
     def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
         self.clock.start()
@@ -290,7 +302,8 @@ class AdaptiveController(Controller):
         with replayer.restored():
             exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel,
                                                  size_rels=self.size_rels(), candidates=self.candidates(),
-                                                 threshold=capture.threshold, whole_numel=self.whole_numel),
+                                                 threshold=capture.threshold, whole_numel=self.whole_numel,
+                                                 entropy=self.options.entropy),
                                  layer_calls=[])
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
@@ -630,7 +643,7 @@ class ActnnController(AdaptiveController):
             raise PolicySpecError(f"actnn option bits is the average quant bits per element, between {min(QUANT_BITS)} "
                                   f"and {max(QUANT_BITS)}; got {self.actnn.bits!r}")
         super().__init__(AdaptiveOptions(probe_every=self.actnn.probe_every, reruns=self.actnn.reruns,
-                                         probe_rel=self.actnn.probe_rel, codecs="quant"))
+                                         probe_rel=self.actnn.probe_rel, codecs="quant", entropy="none"))
         self.budget_bytes = 0.0
 
     def describe(self) -> str:

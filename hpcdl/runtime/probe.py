@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from hpcdl.compress.entropy import with_stage
 from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
 from hpcdl.runtime.session import compressed
@@ -197,8 +198,10 @@ class RecordingPolicy(Policy):
 
     def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
                  perturb: dict[str, dict] | None = None, size_rels: tuple[float, ...] = (),
-                 candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None):
+                 candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None,
+                 entropy: str = "none"):
         super().__init__(StaticController(None), masks=None, indices=None)
+        self.entropy = entropy  # the entropy stage training adds to every codec: sizes and trials measure with it
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
         self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
@@ -235,9 +238,9 @@ class RecordingPolicy(Policy):
             record.trial_mse = float(error[torch.isfinite(error)].square().mean()) if error.numel() else 0.0
         if record.value_range > 0:
             part = sample(source)
-            record.sizes = [whole_bytes(self.codec(sz_abs(rel * record.value_range)).encode(part), source, part)
-                            for rel in self.size_rels]
-        record.trials = [trial(config, source, self.codec, self.threshold) for config in self.candidates]
+            record.sizes = [whole_bytes(self.codec(with_stage(sz_abs(rel * record.value_range), self.entropy))
+                                        .encode(part), source, part) for rel in self.size_rels]
+        record.trials = [trial(config, source, self.codec, self.threshold, self.entropy) for config in self.candidates]
         if self.sub_batch and self.whole_numel.get(self._key, record.numel) != record.numel:
             factor = self.whole_numel[self._key] / record.numel  # a sub-batch of a tensor of the whole batch
             record.numel, record.nbytes = round(record.numel * factor), round(record.nbytes * factor)

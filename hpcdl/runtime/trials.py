@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from hpcdl.compress import Codec, Packed
+from hpcdl.compress.entropy import with_stage
 from hpcdl.compress.levels import MAX_LEVELS
 
 #: Elements per sampled chunk, and chunks per sample (a tensor of at most CHUNK * SAMPLE_CHUNKS elements is whole).
@@ -85,8 +86,10 @@ def mean_square_error(source: torch.Tensor, decoded: torch.Tensor) -> float:
     return float(finite.square().mean()) if finite.numel() else 0.0
 
 
-def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], threshold: int) -> Trial:
-    """``config``'s trial encode of the contiguous tensor ``data`` (sampled when large)."""
+def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], threshold: int,
+          entropy: str = "none") -> Trial:
+    """``config``'s trial encode of the contiguous tensor ``data`` (sampled when large), with the entropy stage
+    ``entropy`` that training adds to it (hpcdl.compress.entropy), so that the bytes are what training keeps."""
     result = Trial(dict(config))
     if config["id"] in NO_ARENA and data.numel() * data.element_size() < threshold:
         return result
@@ -95,7 +98,7 @@ def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], t
         if torch.unique(part).numel() > MAX_LEVELS:
             return result
         part = data
-    codec = codec_of(config)
+    codec = codec_of(with_stage(config, entropy))
     try:
         packed = codec.encode(part)
     except ValueError:  # NaN or Inf for quant, too many levels, an infinity for fp8
