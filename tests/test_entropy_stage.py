@@ -53,6 +53,16 @@ def test_exact_codecs_stay_exact_behind_the_stage(config, tensor):
     assert restored.dtype == tensor.dtype and torch.equal(restored, expected)
 
 
+def test_the_inner_codecs_own_stream_decodes_as_a_device_tensors_does():
+    """On a CUDA tensor the stage does not run: the stream is the inner codec's own, and the staged codec decodes
+    it (tested here with a host stream, the path is the same)."""
+    plain = get_codec({"id": "sz", "mode": "rel", "bound": 1e-2})
+    staged = get_codec({"id": "sz", "mode": "rel", "bound": 1e-2, "entropy": "zstd"})
+    assert torch.equal(staged.decode(plain.encode(SOFTMAX[:2])), plain.decode(plain.encode(SOFTMAX[:2])))
+    with pytest.raises(CodecError):
+        staged.decode(get_codec({"id": "raw"}).encode(SOFTMAX[:2]))
+
+
 def test_a_stream_zstd_cannot_shrink_is_stored_as_it_is():
     noise = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     codec = get_codec({"id": "raw", "entropy": "zstd"})

@@ -12,9 +12,10 @@ wraps the codec it names. The guarantee is the inner codec's (bound, exactness),
 
 Stream: a header with codec id ``entropy``, the tensor's dtype and shape and one field, ``compressed`` (u8),
 then a payload that is the inner codec's serialised stream (:meth:`Packed.to_bytes`: u32 header length, its
-header, its payload), zstd-compressed when ``compressed`` is 1 and as it is when 0. A CUDA tensor's stream is
-stored as it is on the device (the stage runs on the host, and a round trip through host memory would cost more
-than it saves), and so is a stream zstd does not shrink. Decoding checks the payload checksum, refuses a zstd
+header, its payload), zstd-compressed when ``compressed`` is 1 and as it is when 0 (a stream zstd does not
+shrink). A CUDA tensor gets the inner codec's own stream, untouched: the stage runs on the host, and a round
+trip through host memory (and the synchronisations it needs) would cost more than it saves; decoding such a
+stream is the inner codec's decode. Otherwise decoding checks the payload checksum, refuses a zstd
 frame whose content size is unknown or larger than any stream of that tensor could be, then the inner codec
 decodes its own stream, with its own checks.
 """
@@ -100,8 +101,7 @@ class EntropyStage(Codec):
     def _encode(self, tensor: torch.Tensor) -> Packed:
         packed = self.inner.encode(tensor)
         if tensor.device.type != "cpu":
-            stream = torch.cat([_header_prefix(packed.header).to(packed.device), packed.data])
-            return self._packed(tensor, stream, compressed=False)
+            return packed  # the inner codec's own stream, untouched: no host round trip, no extra sync
         prefix = _header_prefix(packed.header)
         size = prefix.numel() + packed.data.numel()
         stream = _zstd().ZstdCompressor(level=LEVEL).compressobj(size=size)  # the frame records the size
@@ -116,6 +116,8 @@ class EntropyStage(Codec):
         return Packed(header, data)
 
     def _decode(self, packed: Packed) -> torch.Tensor:
+        if packed.codec_id == self.inner.codec_id:  # a device tensor's stream: the stage did not run
+            return self.inner.decode(packed)
         header = read_header(packed.header, STREAM_ID, _FIELDS)
         (compressed,) = header.fields
         if compressed not in (0, 1) or header.dtype not in self.dtypes:
