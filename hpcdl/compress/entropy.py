@@ -11,8 +11,8 @@ Config: any codec's config with ``"entropy": "zstd"`` (spec ``sz:rel=1e-2,entrop
 wraps the codec it names. The guarantee is the inner codec's (bound, exactness), since the stage is lossless.
 
 Stream: a header with codec id ``entropy``, the tensor's dtype and shape and one field, ``compressed`` (u8),
-then a payload that is the inner codec's serialised stream (:meth:`Packed.to_bytes`: u32 header length, its
-header, its payload), zstd-compressed when ``compressed`` is 1 and as it is when 0 (a stream zstd does not
+then a payload that is the inner codec's serialised stream (u32 header length, its header, zeros up to a
+multiple of 8 bytes so that its payload is aligned, its payload), zstd-compressed when ``compressed`` is 1 and as it is when 0 (a stream zstd does not
 shrink). A CUDA tensor gets the inner codec's own stream, untouched: the stage runs on the host, and a round
 trip through host memory (and the synchronisations it needs) would cost more than it saves; decoding such a
 stream is the inner codec's decode. Otherwise decoding checks the payload checksum, refuses a zstd
@@ -124,10 +124,7 @@ class EntropyStage(Codec):
             raise CodecError(f"entropy header has impossible fields {header.fields} for {header.dtype}: corrupted")
         data = verified_payload(packed.data, header)
         limit = _HEADER_ROOM + 2 * header.numel * header.dtype.itemsize
-        if compressed:
-            stream = torch.frombuffer(bytearray(_decompressed(data, limit)), dtype=torch.uint8)
-        else:
-            stream = data
+        stream = _decompressed(data, limit) if compressed else data
         inner = _inner_packed(stream, limit)
         if inner.codec_id != self.inner.codec_id:
             raise CodecError(f"entropy stream holds a {inner.codec_id!r} stream, this codec's inner codec is "
@@ -140,15 +137,18 @@ class EntropyStage(Codec):
 
 
 def _header_prefix(header: bytes) -> torch.Tensor:
-    """``u32 length | header`` of :meth:`Packed.to_bytes`, as a uint8 tensor."""
-    return torch.frombuffer(bytearray(struct.pack("<I", len(header)) + header), dtype=torch.uint8)
+    """``u32 length | header | zeros``, as a uint8 tensor of a multiple of 8 bytes, so that the inner payload
+    after it starts 8-byte aligned (the block kernels read it in place; an unaligned one would be copied)."""
+    prefix = struct.pack("<I", len(header)) + header
+    return torch.frombuffer(bytearray(prefix + bytes(-len(prefix) % 8)), dtype=torch.uint8)
 
 
-def _decompressed(data: torch.Tensor, limit: int) -> bytes:
-    """The zstd frame in ``data``, decompressed; CodecError for a frame that is broken, of unknown content size,
-    or larger than ``limit`` bytes (so a forged frame cannot make decoding allocate without bound)."""
+def _decompressed(data: torch.Tensor, limit: int) -> torch.Tensor:
+    """The zstd frame in ``data``, decompressed straight into a new uint8 tensor; CodecError for a frame that is
+    broken, of unknown content size, or larger than ``limit`` bytes (so a forged frame cannot make decoding
+    allocate without bound)."""
     zstd = _zstd()
-    frame = data.numpy().tobytes()
+    frame = data.numpy()
     try:
         size = zstd.frame_content_size(frame)
     except zstd.ZstdError as err:
@@ -156,21 +156,28 @@ def _decompressed(data: torch.Tensor, limit: int) -> bytes:
     if size < 0 or size > limit:
         raise CodecError(f"entropy payload's zstd frame declares {size} bytes, the stream of this tensor has at "
                          f"most {limit}: corrupted")
+    stream = torch.empty(size, dtype=torch.uint8)
+    target, filled = stream.numpy().data, 0
     try:
-        stream = zstd.ZstdDecompressor().decompress(frame)  # into exactly the declared size, checked above
+        with zstd.ZstdDecompressor().stream_reader(frame) as reader:
+            while filled < size and (count := reader.readinto(target[filled:])):
+                filled += count
+            trailing = reader.read(1)
     except zstd.ZstdError as err:
         raise CodecError(f"entropy payload does not decompress ({err}): corrupted") from None
-    if len(stream) != size:
-        raise CodecError(f"entropy payload decompressed to {len(stream)} bytes, its frame declares {size}: corrupted")
+    if filled != size or trailing:
+        raise CodecError(f"entropy payload decompressed to {filled}{'+' if trailing else ''} bytes, its frame "
+                         f"declares {size}: corrupted")
     return stream
 
 
 def _inner_packed(stream: torch.Tensor, limit: int) -> Packed:
-    """The inner codec's Packed from its serialised form (on ``stream``'s device; the payload is a view)."""
+    """The inner codec's Packed from its serialised form (:func:`_header_prefix`, then the payload: a view)."""
     if stream.numel() < 4 or stream.numel() > limit:
         raise CodecError(f"entropy stream holds {stream.numel()} bytes: corrupted")
     (length,) = struct.unpack("<I", bytes(stream[:4].cpu().tolist()))
-    if 4 + length > stream.numel():
+    payload_at = 4 + length + (-(4 + length) % 8)
+    if payload_at > stream.numel():
         raise CodecError(f"entropy stream's inner header of {length} bytes runs past its {stream.numel()} bytes: "
                          "corrupted")
     header = bytes(stream[4:4 + length].cpu().numpy().tobytes())
@@ -178,4 +185,4 @@ def _inner_packed(stream: torch.Tensor, limit: int) -> Packed:
         peek_codec_id(header)
     except CodecError as err:
         raise CodecError(f"entropy stream's inner header is unreadable ({err}): corrupted") from None
-    return Packed(header, stream[4 + length:])
+    return Packed(header, stream[payload_at:])
