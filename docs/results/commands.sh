@@ -2,7 +2,8 @@
 # The commands for the committed study in docs/results/ (CPU, 2 cores shared with other work).
 # The committed results: the other methods at 9649058 (particle-transformer, resnet18-cifar), hep-cnn's at
 # db448bb (the window codec), deeplabv3p-climate's and every model's adaptive, ActNN and entropy-stage runs
-# at dc36183 (the entropy stage); nothing a method's code path depends on changed between them otherwise.
+# at dc36183 (the entropy stage), as are the adaptive:alpha=1 runs at the end; nothing a method's code path
+# depends on changed between them otherwise.
 # Run from the repository root with the venv active; OUT holds results.jsonl and the trainer's run
 # directories (the run directories are not committed). Each command resumes if interrupted: a run
 # already in OUT's results (same model, method, seed, settings and resolved config) is not run again.
@@ -48,5 +49,19 @@ study deeplabv3p-climate 3 --epochs 6
 # memory and speed only, its validation metric means nothing.
 study resnet18-cifar 4 --epochs 3 --steps-per-epoch 10 --batch 32 \
     --set data.dataset=synthetic --set data.synthetic_samples=320
+
+# The adaptive policy with a looser budget: compression may add as much gradient variance as SGD's own
+# sampling (alpha=1; the default 0.1 allows a tenth). Same seeds and data; no ActNN run matched to it.
+alpha_one() {
+    local model=$1 probe_every=$2
+    shift 2
+    nice python -m hpcdl study run --models "$model" --methods "adaptive:alpha=1,probe_every=$probe_every" \
+        --seeds "$SEEDS" --threads 1 --out "$OUT" "$@"
+}
+alpha_one hep-cnn 10 --epochs 3 --steps-per-epoch 25
+alpha_one resnet18-cifar 4 --epochs 3 --steps-per-epoch 10 --batch 32 \
+    --set data.dataset=synthetic --set data.synthetic_samples=320
+alpha_one particle-transformer 25 --epochs 6
+alpha_one deeplabv3p-climate 3 --epochs 6
 
 python -m hpcdl study report "$OUT"
