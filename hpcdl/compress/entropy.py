@@ -2,10 +2,11 @@
 
 sz packs each block of 32 codes at one bit width and quant at a fixed number of bits: neither codes the skew of
 what is left (most of a softmax's codes are the same one or two levels; a ReLU output's blocks mix zeros with
-small levels). zstd at level 1 over the finished stream takes that out: measured on the first step's saved
-activations of the zoo's tiny models, 1.1-1.3x more on the CNNs at sz rel 1e-2 and 1e-1, 2.3-2.6x more on the
-particle transformer, 1.4x on 2-bit quant, at 500-700 MB/s of packed bytes on one core (several GB/s of the
-original tensor, whose packed stream is 5-15x smaller). docs/codecs.md#entropy has the numbers.
+small levels). zstd at level 1 over the finished stream takes that out: on the first step's saved activations
+of the zoo's tiny models 1.1-1.3x more on the CNNs, 2.3-2.6x more on the particle transformer, 1.4x on 2-bit
+quant; over a run, as activations sparsify, up to 1.9x on the CNNs. It is not free: zstd runs at 180-810 MB/s
+of packed bytes on one core, so sz's encode takes 1.3-1.7x as long and its decode about 2x
+(docs/codecs.md#entropy has the numbers).
 
 Config: any codec's config with ``"entropy": "zstd"`` (spec ``sz:rel=1e-2,entropy=zstd``); :func:`get_codec`
 wraps the codec it names. The guarantee is the inner codec's (bound, exactness), since the stage is lossless.
