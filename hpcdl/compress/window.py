@@ -38,7 +38,7 @@ MAX_DIMS = 3
 MAX_TAPS = 2 ** max(PACKABLE_BITS)  # taps of the largest window a tap number of 8 bits indexes
 _FIELDS = "BB" + "QHHHH" * MAX_DIMS  # dims, bits, then per dim: input size, kernel, stride, padding, dilation
 _U16 = 2**16
-CHUNK = 1 << 20  # index elements converted at a time: the int64 temporaries stay a few MiB whatever the tensor
+CHUNK = 1 << 20  # indices converted at a time: the integer temporaries stay a few MiB whatever the tensor
 
 
 def tap_bits(taps: int) -> int:
