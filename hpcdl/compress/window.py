@@ -186,15 +186,9 @@ class _Geometry:
         if int(low) < 0 or int(high) >= math.prod(self.input):
             raise ValueError(f"an index is outside the pooled input of size {list(self.input)}: these are not "
                              "max-pool indices of this geometry")
-        remaining = index.to(self.compute_dtype, copy=True)
-        taps = torch.zeros_like(remaining)
-        outside = torch.zeros_like(remaining, dtype=torch.bool)
-        for d in reversed(range(self.dims)):
-            if d:
-                coordinate = remaining % self.input[d]
-                remaining = remaining.div_(self.input[d], rounding_mode="floor")
-            else:
-                coordinate = remaining
+        taps = torch.zeros_like(index, dtype=self.compute_dtype)
+        outside = torch.zeros_like(index, dtype=torch.bool)
+        for d, coordinate in _digits(index.to(self.compute_dtype, copy=True), self.input):
             offset = coordinate.sub_(origins[d])
             if self.dilation[d] != 1:
                 outside |= offset % self.dilation[d] != 0
@@ -213,15 +207,9 @@ class _Geometry:
         """The int64 indices of a chunk of tap numbers; CodecError if one names a tap past the window or the input."""
         if taps.numel() and int(taps.max()) >= math.prod(self.kernel):
             raise CodecError(f"window payload names a tap past its {list(self.kernel)} window: corrupted")
-        remaining = taps.to(self.compute_dtype, copy=True)
-        index = torch.zeros_like(remaining)
-        outside = torch.zeros_like(remaining, dtype=torch.bool)
-        for d in reversed(range(self.dims)):
-            if d:
-                tap = remaining % self.kernel[d]
-                remaining = remaining.div_(self.kernel[d], rounding_mode="floor")
-            else:
-                tap = remaining
+        index = torch.zeros_like(taps, dtype=self.compute_dtype)
+        outside = torch.zeros_like(taps, dtype=torch.bool)
+        for d, tap in _digits(taps.to(self.compute_dtype, copy=True), self.kernel):
             coordinate = tap.mul_(self.dilation[d]).add_(origins[d])
             outside |= coordinate < 0
             outside |= coordinate >= self.input[d]
@@ -229,3 +217,15 @@ class _Geometry:
         if bool(outside.any()):
             raise CodecError("window payload names a tap outside the pooled input (in its padding): corrupted")
         return index.to(torch.int64)
+
+
+def _digits(values: torch.Tensor, radices: tuple[int, ...]):
+    """(dim, digit) of ``values`` written in the mixed radix ``radices`` (row-major: the last dim varies fastest),
+    last dim first; the first dim's digit is what is left, unbounded. Consumes ``values`` (divided in place)."""
+    for d in reversed(range(len(radices))):
+        if d:
+            digit = values % radices[d]
+            values = values.div_(radices[d], rounding_mode="floor")
+            yield d, digit
+        else:
+            yield d, values

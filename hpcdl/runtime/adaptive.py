@@ -62,6 +62,7 @@ from hpcdl.runtime.trials import FAMILIES, QUANT_BITS, Trial
 from hpcdl.units import human_bytes, parse_bytes
 
 ENTROPY_STAGES = ("none", *ENTROPY_METHODS)
+_NAMED_CHOICES = {"codecs": tuple(FAMILIES), "entropy": ENTROPY_STAGES}  # options that take one of these names
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
 CLOSED_FORM_TOLERANCE = 2.0
@@ -103,16 +104,10 @@ class ControllerOptions:
                     raise PolicySpecError(f"{cls.controller_id} option budget is a memory size like 2GiB or "
                                           f"500000000: {err}") from None
                 continue
-            if name == "entropy":
-                if value not in ENTROPY_STAGES:
-                    raise PolicySpecError(f"{cls.controller_id} option entropy is one of {', '.join(ENTROPY_STAGES)}, "
-                                          f"got {value!r}")
-                values[name] = value
-                continue
-            if name == "codecs":
-                if value not in FAMILIES:
-                    raise PolicySpecError(f"{cls.controller_id} option codecs is one of {', '.join(FAMILIES)}, "
-                                          f"got {value!r}")
+            if name in _NAMED_CHOICES:
+                if value not in _NAMED_CHOICES[name]:
+                    raise PolicySpecError(f"{cls.controller_id} option {name} is one of "
+                                          f"{', '.join(_NAMED_CHOICES[name])}, got {value!r}")
                 values[name] = value
                 continue
             integral = known[name] == "int"
