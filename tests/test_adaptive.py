@@ -148,15 +148,18 @@ def test_a_resumed_controller_decides_what_an_uninterrupted_one_does():
 
 
 def test_a_large_tensor_the_loss_saves_does_not_make_every_step_a_probe():
-    """The loss saves the model's output outside its forward, where no replay meets it: kept as it is, and the
-    probes still come every ``probe_every`` steps (before the fix, every other step on climate-deeplab)."""
+    """The loss saves the model's output outside its forward, where no replay meets it: compressed with the
+    default policy's codec, and the probes still come every ``probe_every`` steps (before the fix, every other
+    step on climate-deeplab)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 512))
     x = torch.randn(64, 64)  # the output, 64 x 512 floats, is above the session's 64 KiB threshold
     policy = Policy.adaptive(probe_every=3)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     for _ in range(6):
-        train_step(model, Codec(policy), x, None, lambda out, _: out.square().mean(), optimizer)
+        stats = train_step(model, Codec(policy), x, None, lambda out, _: out.square().mean(), optimizer).stats
+        outside = stats.row("(outside)", "activation")
+        assert outside.count == 1 and outside.kept == 0 and outside.packed < outside.original
     assert policy.controller.probes == 2  # steps 0 and 3
     assert not any(key.startswith("(outside)") for key in policy.controller.slots)
 

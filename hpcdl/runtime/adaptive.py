@@ -227,8 +227,8 @@ class AdaptiveController(Controller):
             self.whole_numel[key] = math.prod(info.shape)
         slot = self.slots.get(key)
         if slot is None:
-            if info.module == OUTSIDE:  # saved outside the model's forward (the loss): no replay ever meets it
-                return None
+            if info.module == OUTSIDE:  # saved outside the model's forward (the loss): no replay ever meets it,
+                return self.unmeasured  # so no probe is asked for; it gets the default policy's codec
             self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
             return self.unmeasured  # until then the default policy, so step 0 is no uncompressed step
         return with_stage(slot.config(), self.options.entropy)
