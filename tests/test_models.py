@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -125,6 +127,28 @@ def test_full_deeplab_is_deepcam_sized():
     backbone = model.backbone
     assert [len(stage) for stage in (backbone.layer1, backbone.layer2, backbone.layer3, backbone.layer4)] == [3, 4, 6, 3]
     assert backbone.layer4[-1].conv2.dilation == (2, 2), "output stride 16: the last stage is atrous"
+
+
+def _alive_when(model: nn.Module, producer: nn.Module, later: nn.Module) -> bool:
+    """Whether ``producer``'s input is still referenced (outside autograd: no_grad) when ``later`` starts
+    (necessarily so if ``producer`` has not run yet)."""
+    seen, alive = [], []
+    producer.register_forward_pre_hook(lambda module, args: seen.append(weakref.ref(args[0])))
+    later.register_forward_pre_hook(lambda module, args: alive.append(not seen or seen[-1]() is not None))
+    with torch.no_grad():
+        model(torch.randn(2, *models.family("deeplabv3p-climate").input_shape("tiny")))
+    return alive[0]
+
+
+def test_deeplab_drops_its_widest_tensors_once_consumed():
+    """Under a compressing session autograd's copy of a saved tensor is packed, so a Python reference to the
+    original (a skip connection in a local, a Sequential's argument) is what keeps it in memory: the
+    stage-1 features at full width must be gone once reduced, and the decoder's concatenation once its
+    first convolution ran (measured at DeepCAM's full input: the forward was the step's peak at batch 4)."""
+    model = models.get("deeplabv3p-climate", "tiny")
+    assert not _alive_when(model, model.decoder.reduce[0], model.backbone.layer3[0])
+    model = models.get("deeplabv3p-climate", "tiny")
+    assert not _alive_when(model, model.decoder.fuse[0][0], model.decoder.fuse[0][1])
 
 
 @pytest.mark.parametrize("name", ["deeplabv3p-climate", "particle-transformer", "gpt", "resnet18-cifar"])

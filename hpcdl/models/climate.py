@@ -57,10 +57,15 @@ class Decoder(nn.Module):
         )
         self.classify = nn.Conv2d(channels, num_classes, 1)
 
-    def forward(self, high: torch.Tensor, low: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-        high = F.interpolate(high, size=low.shape[-2:], mode="bilinear", align_corners=False)
-        logits = self.classify(self.fuse(torch.cat([high, self.reduce(low)], dim=1)))
-        return F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
+    def forward(self, high: torch.Tensor, reduced_low: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """``reduced_low``: the stage-1 features after :attr:`reduce` (the model applies it as they appear)."""
+        x = torch.cat([F.interpolate(high, size=reduced_low.shape[-2:], mode="bilinear", align_corners=False),
+                       reduced_low], dim=1)
+        # Layer by layer with x rebound, so no full-resolution input outlives its consumer (see
+        # ResNetBackbone.forward): the widest tensors of the model are here.
+        for layer in (*self.fuse[0], *self.fuse[1], self.classify):
+            x = layer(x)
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
 
 
 class DeepLabV3Plus(nn.Module):
@@ -96,5 +101,5 @@ class DeepLabV3Plus(nn.Module):
         return [*self.backbone.checkpoint_blocks(), self.aspp, self.decoder]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        low, high = self.backbone(x)
-        return self.decoder(self.aspp(high), low, x.shape[-2:])
+        reduced_low, high = self.backbone(x, low_level=self.decoder.reduce)
+        return self.decoder(self.aspp(high), reduced_low, x.shape[-2:])

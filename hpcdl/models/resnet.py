@@ -8,6 +8,8 @@ counts at ``width=64`` match the published ResNet-18 (11.7 M) and ResNet-50 (25.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -143,9 +145,24 @@ class ResNetBackbone(nn.Module):
         """The stem and every residual block, in execution order."""
         return [self.stem, *self.layer1, *self.layer2, *self.layer3, *self.layer4]
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        low = self.layer1(self.stem(x))
-        return low, self.layer4(self.layer3(self.layer2(low)))
+    def forward(
+        self, x: torch.Tensor, low_level: Callable[[torch.Tensor], torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(stage-1 features, stage-4 features); ``low_level`` (if given) maps the stage-1 features first.
+
+        The blocks run one by one with ``x`` rebound, so each block's input is dropped once the next block
+        has it: under a compressing session autograd's copy is packed, and a Python reference held over
+        several blocks (a Sequential's argument, a skip connection in a local) would keep the original
+        alive beside it. ``low_level`` lets a decoder shrink the stage-1 features (DeepLabv3+'s 1x1
+        reduction) before the deeper stages run, instead of holding them at full width meanwhile.
+        """
+        x = self.stem(x)
+        for block in self.layer1:
+            x = block(x)
+        low = x if low_level is None else low_level(x)
+        for block in (*self.layer2, *self.layer3, *self.layer4):
+            x = block(x)
+        return low, x
 
 
 class ResNet(nn.Module):
