@@ -147,6 +147,34 @@ def test_unpacked_views_have_the_saved_size_strides_and_offset():
     assert restored[1].storage_offset() - restored[0].storage_offset() == inside.storage_offset()
 
 
+class _HoldsASkip(nn.Module):
+    """Three layers whose first activation is kept in a local until the end (a skip connection)."""
+
+    def __init__(self, width: int = 256):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(width, width), nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skip = torch.relu(self.a(x))
+        return self.c(torch.tanh(self.b(skip))) + skip
+
+
+def test_stats_count_the_packed_originals_something_else_still_holds():
+    """Packing frees nothing that a Python reference still holds: the caller's input and the skip connection
+    are both alive when the later tensors are packed, a chain's intermediate tensors are not."""
+    x = torch.randn(512, 256)
+    tensor_bytes = x.numel() * 4
+    with hpcdl.compressed(_HoldsASkip(), "sz:rel=1e-2") as session:
+        loss = session.model(x).sum()
+    loss.backward()
+    assert session.stats.held_originals_peak_bytes == 2 * tensor_bytes  # x and the skip
+    chain = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256))
+    with hpcdl.compressed(chain, "sz:rel=1e-2") as session:
+        loss = chain(x).sum()
+    loss.backward()
+    assert session.stats.held_originals_peak_bytes == tensor_bytes  # x only
+
+
 def test_in_place_change_between_saves_does_not_reuse_the_stale_copy():
     h = torch.randn(300, 100, requires_grad=True)
     with compressed(nn.Identity(), ALL_RAW, threshold=0) as session:

@@ -275,14 +275,15 @@ def format_report(report: MemoryBenchReport) -> str:
                      _size(result.per_sample_bytes), "-" if ratio is None else f"{ratio:.2f}x", *searches))
     out += ["Step peak (above the state resident before the step) per batch:", *_table(header, rows), ""]
     parts = ("resident", "gradients", "saved_activations", "packed_activations", "decoded_peak",
-             "largest_packed_original", "remainder")
+             "largest_packed_original", "held_originals_peak", "remainder")
     rows = [(f"{result.method} @{peak['batch']}", human_bytes(peak["peak_bytes"]), peak["breakdown"]["peak_in"],
              *(_size(peak["breakdown"][part]) for part in parts))
             for result in report.methods for peak in result.peaks[-1:]]
     out += ["Breakdown of the step peak at the largest batch (peak = gradients + saved activations + decoded "
-            "peak + remainder; resident held before the step; largest packed tensor not summed):",
+            "peak + remainder; resident held before the step; largest packed tensor and originals still held "
+            "after packing not summed):",
             *_table(("method", "peak", "peak in", "resident", "gradients", "saved act.", "packed", "decoded",
-                     "largest raw", "remainder"), rows), ""]
+                     "largest raw", "held raw", "remainder"), rows), ""]
     projected = [r for r in report.methods if r.projection]
     if projected:
         gpus = [row["gpu"] for row in projected[0].projection]

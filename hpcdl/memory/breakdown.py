@@ -19,7 +19,11 @@ measures (:class:`StepProbe`, called by :class:`hpcdl.memory.TrainStep`'s step):
   each decoded span until autograd frees it);
 - ``largest_packed_original``: the largest saved tensor a codec packed, before packing: it lives
   uncompressed until the forward code drops it. It is transient in the forward and so not one of the
-  parts below, which are the ones alive together in backward.
+  parts below, which are the ones alive together in backward;
+- ``held_originals_peak``: the most bytes of already packed tensors' originals that something other than
+  autograd still held (the batch, a residual's input, a skip connection kept in a local) when a later
+  tensor was packed (:attr:`hpcdl.runtime.stats.Stats.held_originals_peak_bytes`): forward memory that
+  compression cannot take away. Not summed either.
 
 :func:`breakdown` then writes the peak as ``gradients + saved_activations + decoded_peak +
 remainder``, where ``saved_activations`` is ``packed_activations`` for a compressing method (exact)
@@ -71,6 +75,7 @@ class StepParts:
     packed_activations: int | None
     largest_packed_original: int | None
     decoded_peak: int | None
+    held_originals_peak: int | None = None
 
 
 class StepProbe:
@@ -112,6 +117,7 @@ class StepProbe:
             packed_activations=self.packed,
             largest_packed_original=stats.largest_packed_original if stats is not None else None,
             decoded_peak=stats.decoded_peak_bytes if stats is not None else None,
+            held_originals_peak=stats.held_originals_peak_bytes if stats is not None else None,
         )
 
 

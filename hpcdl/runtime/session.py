@@ -383,6 +383,7 @@ class Session:
             return entry
         row.encode_s += time.perf_counter() - start
         row.packed += entry.packed.nbytes
+        self.stats.packing(tensor.untyped_storage())
         self.stats.largest_packed_original = max(self.stats.largest_packed_original, nbytes)
         entry.codec = codec
         if self.verify:

@@ -11,6 +11,7 @@ or after a codec failure). Parameters and buffers are only counted (kind
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, fields
 
@@ -49,7 +50,11 @@ class Stats:
     ``largest_packed_original`` is the largest span a codec packed, in bytes before packing (alive
     uncompressed until the forward code drops it); ``decoded_live_bytes`` the bytes of decoded spans
     still alive (an unpacked tensor autograd still holds), ``decoded_peak_bytes`` the most of them alive
-    at once during backward.
+    at once during backward. ``held_originals_peak_bytes`` is the most bytes of storages whose tensors
+    were already packed and that something other than autograd still held when a later tensor was
+    packed: the caller's batch, a residual's input until the addition, a skip connection or any
+    Python reference. Packing does not free those, so they bound what compression can take off the
+    forward's peak; a model that holds references longer than it needs shows up here.
     """
 
     def __init__(self) -> None:
@@ -58,6 +63,8 @@ class Stats:
         self.largest_packed_original = 0
         self.decoded_live_bytes = 0
         self.decoded_peak_bytes = 0
+        self.held_originals_peak_bytes = 0
+        self._held_originals: dict[int, int] = {}  # id of a packed tensor's storage still alive -> its bytes
 
     def decoded(self, nbytes: int) -> None:
         """A span of ``nbytes`` was decoded; call :meth:`decoded_freed` with the same size when it is freed."""
@@ -66,6 +73,14 @@ class Stats:
 
     def decoded_freed(self, nbytes: int) -> None:
         self.decoded_live_bytes -= nbytes
+
+    def packing(self, storage) -> None:
+        """A tensor of ``storage`` (an ``UntypedStorage``) is being packed: note which earlier originals are alive."""
+        self.held_originals_peak_bytes = max(self.held_originals_peak_bytes, sum(self._held_originals.values()))
+        key = id(storage)
+        if key not in self._held_originals:
+            self._held_originals[key] = storage.nbytes()
+            weakref.finalize(storage, self._held_originals.pop, key, None)
 
     def row(self, module: str, kind: str) -> Row:
         return self.rows[(module, kind)]
