@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hpcdl import memory
-from hpcdl.bench.memory import MemoryBenchError, parse_batches, parse_budgets, project
+from hpcdl.bench.memory import MemoryBenchError, _per_sample, parse_batches, parse_budgets, project
 from hpcdl.cli import main
 
 from runtime_models import wide_cnn, wide_cnn_batch
@@ -68,6 +68,14 @@ def test_compression_never_raises_the_step_peak_above_the_baseline(batch):
     baseline = memory.peak(memory.TrainStep(SMALL_CNN, batch, None), process=fresh)
     compressed = memory.peak(memory.TrainStep(SMALL_CNN, batch, "sz:rel=1e-2"), process=fresh)
     assert compressed.peak_bytes <= baseline.peak_bytes, (batch, compressed.peak_bytes, baseline.peak_bytes)
+
+
+def test_the_per_sample_peak_is_the_slope_between_the_two_largest_batches():
+    """Scratch that grows only up to the thread count (one buffer per thread with a sample) must not count
+    as a per-sample cost: batch 1 -> 2 adds 300 here, 2 -> 4 adds 100 a sample."""
+    peaks = [{"batch": 1, "peak_bytes": 1000}, {"batch": 2, "peak_bytes": 1300}, {"batch": 4, "peak_bytes": 1500}]
+    assert _per_sample(peaks, lambda row: row["peak_bytes"]) == (100, 1100)
+    assert _per_sample(peaks[:1], lambda row: row["peak_bytes"]) is None
 
 
 def test_the_projection_is_linear_in_the_batch():

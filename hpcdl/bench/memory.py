@@ -7,13 +7,13 @@ For one model (an ``hpcdl.models`` name at a scale, optionally at another input 
 (:class:`hpcdl.memory.FreshProcesses`) or on the GPU in this process:
 
 1. the step peak at each batch of a list, with its breakdown (:func:`hpcdl.memory.breakdown`);
-2. the per-sample step peak ``(peak(b2) - peak(b1)) / (b2 - b1)`` between the smallest and the
-   largest batch, and its ratio to the baseline's;
+2. the per-sample step peak ``(peak(b2) - peak(b1)) / (b2 - b1)`` between the two largest batches
+   (the marginal cost of a sample where a budget search ends up), and its ratio to the baseline's;
 3. the largest batch whose step peak fits each budget (:func:`hpcdl.memory.search_batch`);
 4. a *projection* of the largest per-GPU batch on 40 and 80 GB A100s and a 141 GB H200 from the
    measured bytes: what a device holds at batch ``b`` is the step's footprint (resident weights,
    buffers, optimizer state and batch, plus the step peak), taken as linear in ``b`` through the two
-   measured batches. Measured on the CPU, it assumes the GPU needs the same bytes; it ignores the CUDA
+   largest measured batches. Measured on the CPU, it assumes the GPU needs the same bytes; it ignores the CUDA
    context, the caching allocator's slack, cuDNN workspaces and mixed precision.
 
 A method is named by its spec only, so a policy spec the runtime learns (an adaptive policy's, say)
@@ -137,12 +137,19 @@ def parse_input_shape(text: str | None) -> tuple[int, ...] | None:
 
 
 def _per_sample(peaks: list[dict], key: Callable[[dict], float]) -> tuple[float, float] | None:
-    """(per-sample bytes, fixed bytes) of ``key`` through the smallest and the largest batch; None for one batch."""
+    """(per-sample bytes, fixed bytes) of ``key`` through the two largest batches; None for one batch.
+
+    The two largest, not the smallest and the largest: what a budget search and a device projection
+    extrapolate is the cost of one more sample at a large batch. At the smallest batches some scratch
+    still grows with the batch up to the thread count and then stops (oneDNN's backward of a dilated
+    convolution holds one im2col buffer per thread that has a sample: 243 MiB each in DeepCAM's ASPP,
+    docs/results/scale), which a slope from batch 1 would count as a per-sample cost.
+    """
     if len(peaks) < 2:
         return None
-    first, last = peaks[0], peaks[-1]
+    first, last = peaks[-2], peaks[-1]
     slope = (key(last) - key(first)) / (last["batch"] - first["batch"])
-    return slope, key(first) - first["batch"] * slope
+    return slope, key(last) - last["batch"] * slope
 
 
 def project(per_sample: float, fixed: float) -> list[dict]:
@@ -242,7 +249,7 @@ def run_memory_benchmark(
         budgets=[{"budget": text, "budget_bytes": budget} for text, budget in budgets], methods=results,
         projection_note=(
             "PROJECTION, not a measurement: the largest batch b with resident(b) + step_peak(b) <= the device's "
-            "memory, both taken as linear in b through the smallest and the largest measured batch. Bytes measured "
+            "memory, both taken as linear in b through the two largest measured batches. Bytes measured "
             f"on {device} ({kind}); on a GPU this assumes the same bytes, and ignores the CUDA context, the caching "
             "allocator's slack, cuDNN workspaces and mixed precision."),
         mlperf_deepcam=MLPERF_DEEPCAM,
