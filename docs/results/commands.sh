@@ -2,7 +2,9 @@
 # The commands for the committed study in docs/results/ (CPU, 2 cores shared with other work).
 # The committed results: the other methods at 9649058 (particle-transformer, resnet18-cifar), hep-cnn's at
 # db448bb (the window codec), deeplabv3p-climate's and every model's adaptive, ActNN and entropy-stage runs
-# at dc36183 (the entropy stage), as are the adaptive:alpha=1 runs at the end; nothing a method's code path
+# at dc36183 (the entropy stage), as are the adaptive:alpha=1 runs at the end, except deeplabv3p-climate's
+# adaptive, ActNN and adaptive:alpha=1 runs, re-run at c0a3253 (the loss's saved tensors compressed by the
+# controllers: only a segmentation loss saves them above the size threshold); nothing a method's code path
 # depends on changed between them otherwise.
 # Run from the repository root with the venv active; OUT holds results.jsonl and the trainer's run
 # directories (the run directories are not committed). Each command resumes if interrupted: a run
