@@ -64,7 +64,7 @@ class Stats:
         self.decoded_live_bytes = 0
         self.decoded_peak_bytes = 0
         self.held_originals_peak_bytes = 0
-        self._held_originals: dict[int, int] = {}  # id of a packed tensor's storage still alive -> its bytes
+        self._held_originals: list[tuple[weakref.ref, int]] = []  # packed tensors' storages, maybe still alive
 
     def decoded(self, nbytes: int) -> None:
         """A span of ``nbytes`` was decoded; call :meth:`decoded_freed` with the same size when it is freed."""
@@ -75,12 +75,16 @@ class Stats:
         self.decoded_live_bytes -= nbytes
 
     def packing(self, storage) -> None:
-        """A tensor of ``storage`` (an ``UntypedStorage``) is being packed: note which earlier originals are alive."""
-        self.held_originals_peak_bytes = max(self.held_originals_peak_bytes, sum(self._held_originals.values()))
-        key = id(storage)
-        if key not in self._held_originals:
-            self._held_originals[key] = storage.nbytes()
-            weakref.finalize(storage, self._held_originals.pop, key, None)
+        """A tensor of ``storage`` (an ``UntypedStorage``) is being packed: note which earlier originals are alive.
+
+        Weak references without callbacks, checked here: a finalizer per storage would pile up on a tensor
+        that outlives many sessions (a benchmark's fixed batch) and keep every session's Stats alive.
+        """
+        self._held_originals = [(ref, size) for ref, size in self._held_originals if ref() is not None]
+        self.held_originals_peak_bytes = max(self.held_originals_peak_bytes,
+                                             sum(size for _, size in self._held_originals))
+        if not any(ref() is storage for ref, _ in self._held_originals):
+            self._held_originals.append((weakref.ref(storage), storage.nbytes()))
 
     def row(self, module: str, kind: str) -> Row:
         return self.rows[(module, kind)]
