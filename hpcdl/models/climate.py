@@ -63,7 +63,7 @@ class Decoder(nn.Module):
                        reduced_low], dim=1)
         # Layer by layer with x rebound, so no full-resolution input outlives its consumer (see
         # ResNetBackbone.forward): the widest tensors of the model are here.
-        for layer in (*self.fuse[0].children(), *self.fuse[1].children(), self.classify):
+        for layer in [*(module for block in self.fuse for module in block.children()), self.classify]:
             x = layer(x)
         return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
 

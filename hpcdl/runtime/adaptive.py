@@ -226,11 +226,10 @@ class AdaptiveController(Controller):
         if self.capture is not None:  # a probe step: its replays may run on a sub-batch of this one
             self.whole_numel[key] = math.prod(info.shape)
         slot = self.slots.get(key)
-        if slot is None:
-            if info.module == OUTSIDE:  # saved outside the model's forward (the loss): no replay ever meets it,
-                return self.unmeasured  # so no probe is asked for; it gets the default policy's codec
-            self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
-            return self.unmeasured  # until then the default policy, so step 0 is no uncompressed step
+        if slot is None:  # the default policy's codec until a probe measures it, so step 0 is no uncompressed step
+            if info.module != OUTSIDE:  # a tensor the loss saves outside the model's forward no replay ever meets
+                self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
+            return self.unmeasured
         return with_stage(slot.config(), self.options.entropy)
 
     def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
