@@ -41,6 +41,7 @@ import torch
 import torch.utils.checkpoint
 
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES
+from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES
 from hpcdl.runtime.policy import Policy, as_policy
 from hpcdl.runtime.session import DEFAULT_THRESHOLD, compressed
 from hpcdl.runtime.stats import Stats
@@ -102,13 +103,15 @@ class Codec(ActivationMethod):
 
     Tensors under ``threshold`` bytes stay raw, except floating ones saved inside the model's forward, which are
     compressed together in arenas of ``arena_bytes`` (0: none); ``verify`` checks each decompressed tensor (a
-    test mode).
+    test mode); convolutions whose input exceeds ``chunk_bytes`` run their backward in chunks of the batch
+    (:mod:`hpcdl.runtime.chunked`; 0: whole).
     """
 
     policy: Policy | str | dict
     threshold: int = DEFAULT_THRESHOLD
     verify: bool = False
     arena_bytes: int = DEFAULT_ARENA_BYTES
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
     name = "codec"
     hooks_saved_tensors = True
@@ -121,7 +124,8 @@ class Codec(ActivationMethod):
     @contextlib.contextmanager
     def context(self, model: torch.nn.Module) -> Iterator[Stats]:
         with compressed(
-            model, self.policy, threshold=self.threshold, verify=self.verify, arena_bytes=self.arena_bytes
+            model, self.policy, threshold=self.threshold, verify=self.verify, arena_bytes=self.arena_bytes,
+            chunk_bytes=self.chunk_bytes,
         ) as session:
             yield session.stats
 

@@ -45,6 +45,7 @@ import torch
 from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.errors import HpcdlRunError
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES, Arenas, Slot, member_codec
+from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_convolutions
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
 from hpcdl.runtime.observe import OUTSIDE, ModuleTracker
 from hpcdl.runtime.policy import Policy, as_policy
@@ -217,7 +218,8 @@ def _verify(codec: Codec, original: torch.Tensor, restored: torch.Tensor) -> Non
 class Session:
     """One compressed forward (and the backward that follows); create it with :func:`compressed`."""
 
-    def __init__(self, model: torch.nn.Module, policy: Policy | None, threshold: int, verify: bool, arena_bytes: int):
+    def __init__(self, model: torch.nn.Module, policy: Policy | None, threshold: int, verify: bool, arena_bytes: int,
+                 chunk_bytes: int):
         self.model = model
         self.policy = policy
         self.threshold = threshold
@@ -231,6 +233,7 @@ class Session:
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
+        self._chunked = chunked_convolutions(model, chunk_bytes)
         self._state = "new"
 
     # -- context manager ------------------------------------------------------------------------------------
@@ -246,6 +249,7 @@ class Session:
         if self.policy is not None:  # the controller may watch the forward (an adaptive one captures probe inputs)
             self._watch = self.policy.watch(self.model, self.threshold)
         self._watch.__enter__()
+        self._chunked.__enter__()
         self._modules = ModuleTracker(self.model).__enter__()
         self._seal_hook = self.model.register_forward_hook(lambda *_: self._arenas.seal_all(), always_call=True)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -260,6 +264,7 @@ class Session:
         self._modules.__exit__(*exc)
         self._seal_hook.remove()
         self._arenas.seal_all()
+        self._chunked.__exit__(*exc)
         self._watch.__exit__(*exc)
         self._by_storage.clear()
         self._state = "closed"
@@ -424,6 +429,7 @@ def compressed(
     threshold: int = DEFAULT_THRESHOLD,
     verify: bool = False,
     arena_bytes: int = DEFAULT_ARENA_BYTES,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Session:
     """Compress everything autograd saves while ``model``'s forward runs inside the returned context.
 
@@ -435,7 +441,9 @@ def compressed(
     tensors under ``threshold`` bytes are kept as they are.
     ``verify=True`` keeps each original and checks every decompressed tensor
     against it by its codec's guarantee (a test mode: it costs the memory the
-    session otherwise saves).
+    session otherwise saves). Convolutions on the CPU whose input exceeds
+    ``chunk_bytes`` run their backward in chunks of the batch
+    (:mod:`hpcdl.runtime.chunked`; 0: whole).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
@@ -449,4 +457,4 @@ def compressed(
             f"arena_bytes is the most bytes of small saved tensors held before an arena is encoded, >= 0 "
             f"(default {DEFAULT_ARENA_BYTES}; 0 keeps small tensors as they are), got {arena_bytes!r}"
         )
-    return Session(model, policy, threshold, bool(verify), arena_bytes)
+    return Session(model, policy, threshold, bool(verify), arena_bytes, chunk_bytes)

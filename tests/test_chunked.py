@@ -1,0 +1,132 @@
+"""Convolution backward over chunks of the batch (hpcdl.runtime.chunked), alone and under a session."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import hpcdl
+from hpcdl.runtime.chunked import ChunkedConvolution, chunked_convolutions
+from hpcdl.runtime.methods import Codec, Recompute, train_step
+
+
+class BackwardBatches(TorchDispatchMode):
+    """Records the batch size of every aten.convolution_backward call."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution_backward.default:
+            self.batches.append(args[1].shape[0])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dims, stride, padding, dilation, groups, bias", [
+    (1, (2,), (1,), (1,), 1, True),
+    (2, (1, 2), (2, 1), (2, 1), 2, True),
+    (2, (1, 1), (0, 0), (1, 1), 1, False),
+    (3, (1, 1, 2), (1, 0, 1), (1, 1, 1), 1, True),
+])
+def test_chunked_convolution_gradients_are_exact(dims, stride, padding, dilation, groups, bias):
+    generator = torch.Generator().manual_seed(dims)
+    x = torch.randn(5, 4, *([7] * dims), dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(6, 4 // groups, *([3] * dims), dtype=torch.float64, generator=generator, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, generator=generator, requires_grad=True) if bias else None
+    inputs = (x, weight, b) if bias else (x, weight)
+
+    def conv(x, weight, b=None):
+        return ChunkedConvolution.apply(x, weight, b, stride, padding, dilation, groups, 2)  # chunks of 2, 2, 1
+
+    assert torch.autograd.gradcheck(conv, inputs)
+    plain = torch.convolution(x, weight, b, stride, padding, dilation, False, [0] * dims, groups)
+    assert torch.equal(conv(*inputs), plain)
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=2, dilation=2, bias=False), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 2))
+
+
+def gradients(model, x, y, method=None, chunk_bytes=None):
+    model.zero_grad(set_to_none=True)
+    if method is not None:
+        train_step(model, method, x, y, nn.functional.cross_entropy, torch.optim.SGD(model.parameters(), lr=0.0))
+    else:
+        nn.functional.cross_entropy(model(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_session_runs_large_convolutions_backward_in_chunks():
+    model = small_cnn()
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1] * 3)
+    exact = gradients(model, x, y)
+    per_sample = 8 * 16 * 16 * 4  # the second convolution's input, one sample
+    recorder = BackwardBatches()
+    with recorder:
+        chunked = gradients(model, x, y, Codec("raw", threshold=0, chunk_bytes=2 * per_sample))
+    # the first convolution's input (3 channels) fits 5 samples a chunk; the second's 2
+    assert sorted(recorder.batches) == [1, 2, 2, 2, 5]
+    for got, want in zip(chunked, exact):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert not any("forward" in vars(module) for module in model.modules()), "the session left a patched forward"
+
+
+def test_chunk_bytes_zero_runs_every_backward_whole_and_lossless_stays_bit_identical():
+    model = small_cnn()
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1] * 3)
+    exact = gradients(model, x, y)
+    recorder = BackwardBatches()
+    with recorder:
+        whole = gradients(model, x, y, Codec("raw", threshold=0, chunk_bytes=0))
+    assert recorder.batches == [6, 6]
+    assert all(torch.equal(got, want) for got, want in zip(whole, exact))
+
+
+def test_chunked_backward_composes_with_recomputation():
+    model = small_cnn()
+    x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 1] * 2)
+    exact = gradients(model, x, y)
+    recorder = BackwardBatches()
+    with recorder:
+        got = gradients(model, x, y, Recompute([model[3]]) + Codec("raw", threshold=0, chunk_bytes=1))
+    assert recorder.batches.count(1) >= 4  # at least one convolution ran per sample
+    for g, want in zip(got, exact):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+
+
+class OwnForward(nn.Conv2d):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_only_plain_convolutions_are_patched_and_restored():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), OwnForward(4, 4, 3), nn.Conv2d(4, 4, 3, padding="same"),
+                          nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect"), nn.Conv1d(4, 4, 1))
+    instance_forward = nn.Conv2d(4, 4, 1)
+    instance_forward.forward = lambda x: x
+    model.append(instance_forward)
+    with chunked_convolutions(model, 1) as patched:
+        assert patched == 2  # the first Conv2d and the Conv1d
+        assert "forward" in vars(model[0]) and "forward" in vars(model[4])
+    assert "forward" not in vars(model[0]) and "forward" not in vars(model[4])
+    assert vars(instance_forward)["forward"](3) == 3
+
+
+def test_unbatched_and_gradient_free_inputs_run_plainly():
+    conv = nn.Conv2d(2, 3, 3)
+    with chunked_convolutions(conv, 1):
+        assert conv(torch.randn(2, 5, 5)).shape == (3, 3, 3)  # no batch dimension
+        with torch.no_grad():
+            assert conv(torch.randn(4, 2, 5, 5)).grad_fn is None
+        out = conv(torch.randn(4, 2, 5, 5))
+        assert type(out.grad_fn).__name__ == "ChunkedConvolutionBackward"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "32MiB"])
+def test_bad_chunk_bytes_is_refused_with_what_is_valid(bad):
+    with pytest.raises(ValueError, match="chunk_bytes .* int >= 0"):
+        hpcdl.compressed(nn.Conv2d(1, 1, 1), "sz:rel=1e-2", chunk_bytes=bad)
