@@ -1,4 +1,4 @@
-"""Convolution backward over chunks of the batch (hpcdl.runtime.chunked), alone and under a session."""
+"""Convolution and batch-norm backward over chunks of the batch (hpcdl.runtime.chunked), alone and under a session."""
 
 import pytest
 import torch
@@ -6,20 +6,23 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hpcdl
-from hpcdl.runtime.chunked import ChunkedConvolution, chunked_convolutions
+from hpcdl.runtime.chunked import ChunkedConvolution, chunked_backward
 from hpcdl.runtime.methods import Codec, Recompute, train_step
 
 
 class BackwardBatches(TorchDispatchMode):
-    """Records the batch size of every aten.convolution_backward call."""
+    """Records the batch size of every aten.convolution_backward call, and counts whole-batch norm backwards."""
 
     def __init__(self):
         super().__init__()
         self.batches = []
+        self.batch_norm_backwards = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.convolution_backward.default:
             self.batches.append(args[1].shape[0])
+        if func is torch.ops.aten.native_batch_norm_backward.default:
+            self.batch_norm_backwards += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -70,6 +73,7 @@ def test_a_session_runs_large_convolutions_backward_in_chunks():
         chunked = gradients(model, x, y, Codec("raw", threshold=0, chunk_bytes=2 * per_sample))
     # the first convolution's input (3 channels) fits 5 samples a chunk; the second's 2
     assert sorted(recorder.batches) == [1, 2, 2, 2, 5]
+    assert recorder.batch_norm_backwards == 0  # the batch norm (8 channels) ran its chunks itself
     for got, want in zip(chunked, exact):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert not any("forward" in vars(module) for module in model.modules()), "the session left a patched forward"
@@ -82,7 +86,7 @@ def test_chunk_bytes_zero_runs_every_backward_whole_and_lossless_stays_bit_ident
     recorder = BackwardBatches()
     with recorder:
         whole = gradients(model, x, y, Codec("raw", threshold=0, chunk_bytes=0))
-    assert recorder.batches == [6, 6]
+    assert recorder.batches == [6, 6] and recorder.batch_norm_backwards == 1
     assert all(torch.equal(got, want) for got, want in zip(whole, exact))
 
 
@@ -98,6 +102,52 @@ def test_chunked_backward_composes_with_recomputation():
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("shape, affine, momentum", [
+    ((7, 3), True, 0.1),
+    ((7, 3, 5), False, 0.1),
+    ((7, 3, 4, 5), True, None),
+    ((7, 3, 2, 3, 4), True, 0.3),
+])
+def test_chunked_batch_norm_matches_plain_training(shape, affine, momentum):
+    kind = {2: nn.BatchNorm1d, 3: nn.BatchNorm1d, 4: nn.BatchNorm2d, 5: nn.BatchNorm3d}[len(shape)]
+    plain, chunked = (kind(3, affine=affine, momentum=momentum).double() for _ in range(2))
+    if affine:
+        for norm in (plain, chunked):
+            with torch.no_grad():
+                norm.weight.copy_(torch.tensor([0.5, 2.0, -1.0]))
+                norm.bias.copy_(torch.tensor([0.1, 0.0, -0.3]))
+    generator = torch.Generator().manual_seed(len(shape))
+    x = (torch.randn(shape, dtype=torch.float64, generator=generator) * 3 + 1).requires_grad_()
+    dy = torch.randn(shape, dtype=torch.float64, generator=generator)
+    want = plain(x)
+    want_grads = torch.autograd.grad(want, [x, *plain.parameters()], dy)
+    per_sample = x[0].numel() * 8
+    for step in range(2):  # the second step checks the running statistics' update again
+        with chunked_backward(chunked, 3 * per_sample) as patched:
+            got = chunked(x)
+        assert patched == 1 and type(got.grad_fn).__name__ == "ChunkedBatchNormBackward"
+    plain(x)
+    assert torch.equal(got, want)
+    got_grads = torch.autograd.grad(got, [x, *chunked.parameters()], dy)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(chunked, name), getattr(plain, name), rtol=1e-12, atol=0)
+    assert torch.autograd.gradcheck(lambda x: chunked_training(chunked, x, 3 * per_sample), (x,))
+
+
+def chunked_training(norm, x, chunk_bytes):
+    with chunked_backward(norm, chunk_bytes):
+        return norm(x)
+
+
+def test_batch_norm_in_evaluation_runs_plainly():
+    norm = nn.BatchNorm2d(2).eval()
+    with chunked_backward(norm, 1):
+        out = norm(torch.randn(4, 2, 3, 3, requires_grad=True))
+    assert type(out.grad_fn).__name__ != "ChunkedBatchNormBackward"
+
+
 class OwnForward(nn.Conv2d):
     def forward(self, x):
         return super().forward(x) * 2
@@ -109,7 +159,7 @@ def test_only_plain_convolutions_are_patched_and_restored():
     instance_forward = nn.Conv2d(4, 4, 1)
     instance_forward.forward = lambda x: x
     model.append(instance_forward)
-    with chunked_convolutions(model, 1) as patched:
+    with chunked_backward(model, 1) as patched:
         assert patched == 2  # the first Conv2d and the Conv1d
         assert "forward" in vars(model[0]) and "forward" in vars(model[4])
     assert "forward" not in vars(model[0]) and "forward" not in vars(model[4])
@@ -118,7 +168,7 @@ def test_only_plain_convolutions_are_patched_and_restored():
 
 def test_unbatched_and_gradient_free_inputs_run_plainly():
     conv = nn.Conv2d(2, 3, 3)
-    with chunked_convolutions(conv, 1):
+    with chunked_backward(conv, 1):
         assert conv(torch.randn(2, 5, 5)).shape == (3, 3, 3)  # no batch dimension
         with torch.no_grad():
             assert conv(torch.randn(4, 2, 5, 5)).grad_fn is None

@@ -1,38 +1,52 @@
-"""Convolution backward over chunks of the batch, so its transient buffers follow a chunk, not the batch.
+"""Convolution and batch-norm backward over chunks of the batch, so their transient buffers follow a chunk.
 
-Once the saved activations are compressed, the step's peak sits in the backward of the widest
-convolution (DeepCAM at its full input: the decoder's first 3x3 convolution, ``docs/results/scale``).
-On the CPU, oneDNN's ``convolution_backward`` copies its input and the incoming gradient into its blocked
-layout for the whole batch: 478 MiB at batch 4 there, a quarter of the step's peak, on top of the decoded
-input, the incoming gradient and the input's gradient, which the backward needs anyway.
+Once the saved activations are compressed, the step's peak sits in the backward of the widest layers
+(DeepCAM at its full input: the decoder's and stage 1's, ``docs/results/scale``). Two of their buffers
+grow with the batch although the backward does not need them whole:
 
-:func:`chunked_convolutions` patches the model's plain convolutions (``nn.Conv1d/2d/3d`` with zero
-padding and their own class's forward) while it is open: a convolution whose input exceeds
-``chunk_bytes`` runs its forward as usual (one call, the same output) and its backward as one
-``convolution_backward`` per chunk of samples, each chunk's input gradient written into its rows of one
-buffer and the weight and bias gradients summed over the chunks. The saved input is still saved once,
-through autograd's saved-tensor hooks, so a compressing session packs it (or shares an already packed
-copy) as before.
+- oneDNN's ``convolution_backward`` copies its input and the incoming gradient into its blocked layout
+  for the whole batch (478 MiB at DeepCAM's batch 4, a quarter of the step's peak);
+- the CPU ``native_batch_norm_backward`` allocates a second input-sized buffer beside the input's gradient.
 
-What it changes: the weight gradient is summed in another order, so it differs from plain autograd's
-by float rounding (as it does between thread counts); the input gradient of a sample is computed
-alone. Only CPU tensors are chunked: the layout copies are oneDNN's, and on CUDA the effect of chunking
-on cuDNN's workspaces and speed has not been measured here.
+Both come on top of the decoded input, the incoming gradient and the input's gradient, which the
+backward needs anyway. :func:`chunked_backward` patches the model's plain convolutions (``nn.Conv1d/2d/3d``
+with zero padding) and batch norms (``nn.BatchNorm1d/2d/3d``), each with its own class's forward, while it
+is open. A layer whose input exceeds ``chunk_bytes`` runs its forward as before (one call, the same
+output, the same running statistics) and its backward per chunk of samples:
+
+- a convolution: one ``convolution_backward`` per chunk, each chunk's input gradient written into its
+  rows of one buffer, the weight and bias gradients summed over the chunks;
+- a batch norm in training: the per-channel sums of the incoming gradient and of its product with the
+  centred input, one chunk at a time, then the input gradient one chunk at a time from the closed form
+  ``w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))``.
+
+The saved input is still saved once, through autograd's saved-tensor hooks, so a compressing session
+packs it (or shares an already packed copy) as before.
+
+What it changes: sums run in another order, so the gradients differ from plain autograd's by float
+rounding (as they do between thread counts). Only CPU tensors are chunked: the buffers above are the CPU
+kernels', and on CUDA the effect of chunking on cuDNN's workspaces and speed has not been measured here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import TypeGuard
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-#: The default most bytes of a convolution's input that one chunk of its backward reads.
+#: The default most bytes of a layer's input that one chunk of its backward reads.
 DEFAULT_CHUNK_BYTES = 32 << 20
-_PLAIN_FORWARDS: dict[type, Callable[..., torch.Tensor]] = {
+_CONVOLUTIONS: dict[type, Callable[..., torch.Tensor]] = {
     kind: kind.forward for kind in (nn.Conv1d, nn.Conv2d, nn.Conv3d)}
+_BATCH_NORMS: dict[type, Callable[..., torch.Tensor]] = {
+    kind: kind.forward for kind in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)}
+_BATCH_NORM_SIGNATURE = inspect.signature(F.batch_norm)
 
 
 class ChunkedConvolution(torch.autograd.Function):
@@ -74,34 +88,113 @@ def _chunk_samples(x: torch.Tensor, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // max(1, x[0].numel() * x.element_size()))
 
 
-def _chunked_forward(module: nn.modules.conv._ConvNd, chunk_bytes: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    plain = _PLAIN_FORWARDS[type(module)]
+
+class ChunkedBatchNorm(torch.autograd.Function):
+    """Training-mode ``native_batch_norm`` whose backward runs ``chunk`` samples at a time (see the module)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, chunk):
+        out, mean, invstd = torch.ops.aten.native_batch_norm(x, weight, bias, running_mean, running_var, True,
+                                                             momentum, eps)
+        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, mean, invstd = ctx.saved_tensors
+        need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+        per_channel = (1, -1) + (1,) * (x.dim() - 2)
+        dims = [0, *range(2, x.dim())]
+        centre = mean.view(per_channel)
+        chunks = [slice(start, start + ctx.chunk) for start in range(0, x.shape[0], ctx.chunk)]
+        sum_dy = torch.zeros_like(mean)
+        sum_dy_centred = torch.zeros_like(mean)  # sum of dy * (x - mean), per channel
+        for rows in chunks:
+            dy = grad_out[rows]
+            sum_dy += dy.sum(dims)
+            sum_dy_centred += (dy * (x[rows] - centre)).sum(dims)
+        grad_x = None
+        if need_x:
+            count = x.numel() // x.shape[1]
+            scale = (invstd if weight is None else weight * invstd).view(per_channel)
+            mean_dy = (sum_dy / count).view(per_channel)
+            slope = (sum_dy_centred * invstd * invstd / count).view(per_channel)
+            grad_x = torch.empty_like(x)
+            for rows in chunks:
+                grad_x[rows] = (grad_out[rows] - mean_dy - (x[rows] - centre) * slope) * scale
+        grad_weight = sum_dy_centred * invstd if need_weight else None
+        grad_bias = sum_dy if need_bias else None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _chunked_convolution(module: nn.modules.conv._ConvNd,
+                         chunk_bytes: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    plain = _CONVOLUTIONS[type(module)]
     batched_dims = module.weight.dim()  # (N, C, *spatial): as many dimensions as the weight has
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad)
-        if not wants_grad or x.device.type != "cpu" or x.dim() != batched_dims:
-            return plain(module, x)
-        chunk = _chunk_samples(x, chunk_bytes)
-        if x.shape[0] <= chunk:
+        if (not wants_grad or x.device.type != "cpu" or x.dim() != batched_dims
+                or x.shape[0] <= _chunk_samples(x, chunk_bytes)):
             return plain(module, x)
         return ChunkedConvolution.apply(x, module.weight, module.bias, module.stride, module.padding,
-                                        module.dilation, module.groups, chunk)
+                                        module.dilation, module.groups, _chunk_samples(x, chunk_bytes))
 
     return forward
 
 
-def _chunkable(module: nn.Module) -> TypeGuard[nn.modules.conv._ConvNd]:
-    """A convolution whose forward is the plain one: its class's own, zero padding given as numbers."""
-    return (type(module) in _PLAIN_FORWARDS and "forward" not in vars(module) and module.padding_mode == "zeros"
+class _BatchNormCalls(TorchFunctionMode):
+    """Routes a batch norm module's own ``F.batch_norm`` call to :class:`ChunkedBatchNorm` when it trains on a
+    large CPU input, so that the module's forward (its momentum and batch counter) runs unchanged."""
+
+    def __init__(self, chunk_bytes: int):
+        super().__init__()
+        self.chunk_bytes = chunk_bytes
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.batch_norm:
+            return func(*args, **kwargs)
+        call = _BATCH_NORM_SIGNATURE.bind(*args, **kwargs)
+        call.apply_defaults()
+        x, running_mean, running_var, weight, bias, training, momentum, eps = call.arguments.values()
+        wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+        if (not training or not wants_grad or x.device.type != "cpu" or x.dim() < 2
+                or x.shape[0] <= _chunk_samples(x, self.chunk_bytes)):
+            return func(*args, **kwargs)
+        return ChunkedBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
+                                      _chunk_samples(x, self.chunk_bytes))
+
+
+def _chunked_batch_norm(module: nn.modules.batchnorm._BatchNorm,
+                        chunk_bytes: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    plain = _BATCH_NORMS[type(module)]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        with _BatchNormCalls(chunk_bytes):
+            return plain(module, x)
+
+    return forward
+
+
+def _plain_convolution(module: nn.Module) -> TypeGuard[nn.modules.conv._ConvNd]:
+    """A convolution with its class's own forward and zero padding given as numbers."""
+    return (type(module) in _CONVOLUTIONS and "forward" not in vars(module) and module.padding_mode == "zeros"
             and not isinstance(module.padding, str))
 
 
-def chunked_convolutions(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> contextlib.AbstractContextManager[int]:
-    """A context in which ``model``'s plain convolutions run their backward in chunks of at most ``chunk_bytes`` of
-    input (0: none); it yields how many convolutions it patched, and leaves the model as it was on exit."""
+def _plain_batch_norm(module: nn.Module) -> TypeGuard[nn.modules.batchnorm._BatchNorm]:
+    """A batch norm with its class's own forward."""
+    return type(module) in _BATCH_NORMS and "forward" not in vars(module)
+
+
+def chunked_backward(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> contextlib.AbstractContextManager[int]:
+    """A context in which ``model``'s plain convolutions and batch norms run their backward in chunks of at most
+    ``chunk_bytes`` of input (0: none); it yields how many layers it patched, and leaves the model as it was on
+    exit."""
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
-        raise ValueError(f"chunk_bytes is the most input bytes one chunk of a convolution's backward reads, an int "
+        raise ValueError(f"chunk_bytes is the most input bytes one chunk of a layer's backward reads, an int "
                          f">= 0 (default {DEFAULT_CHUNK_BYTES}; 0 runs every backward on the whole batch), "
                          f"got {chunk_bytes!r}")
     return _patched(model, chunk_bytes)
@@ -109,12 +202,17 @@ def chunked_convolutions(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTE
 
 @contextlib.contextmanager
 def _patched(model: nn.Module, chunk_bytes: int) -> Iterator[int]:
-    patched = []
+    patched: list[nn.Module] = []
     try:
         for module in (model.modules() if chunk_bytes else ()):
-            if _chunkable(module):
-                module.forward = _chunked_forward(module, chunk_bytes)
-                patched.append(module)
+            if _plain_convolution(module):
+                forward = _chunked_convolution(module, chunk_bytes)
+            elif _plain_batch_norm(module):
+                forward = _chunked_batch_norm(module, chunk_bytes)
+            else:
+                continue
+            patched.append(module)
+            patched[-1].forward = forward
         yield len(patched)
     finally:
         for module in patched:

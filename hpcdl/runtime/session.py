@@ -45,7 +45,7 @@ import torch
 from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.errors import HpcdlRunError
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES, Arenas, Slot, member_codec
-from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_convolutions
+from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_backward
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
 from hpcdl.runtime.observe import OUTSIDE, ModuleTracker
 from hpcdl.runtime.policy import Policy, as_policy
@@ -233,7 +233,7 @@ class Session:
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
-        self._chunked = chunked_convolutions(model, chunk_bytes)
+        self._chunked = chunked_backward(model, chunk_bytes)
         self._state = "new"
 
     # -- context manager ------------------------------------------------------------------------------------
