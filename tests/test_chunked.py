@@ -90,16 +90,35 @@ def test_chunk_bytes_zero_runs_every_backward_whole_and_lossless_stays_bit_ident
     assert all(torch.equal(got, want) for got, want in zip(whole, exact))
 
 
-def test_chunked_backward_composes_with_recomputation():
+def test_checkpointed_regions_run_plainly_and_recompute_the_same():
+    """A recomputed region must save in backward what it saved in forward: its layers are not chunked, whether
+    recomputed by the recompute method or by the model's own torch.utils.checkpoint."""
     model = small_cnn()
     x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 1] * 2)
     exact = gradients(model, x, y)
     recorder = BackwardBatches()
     with recorder:
-        got = gradients(model, x, y, Recompute([model[3]]) + Codec("raw", threshold=0, chunk_bytes=1))
-    assert recorder.batches.count(1) >= 4  # at least one convolution ran per sample
+        got = gradients(model, x, y, Recompute([model[1], model[3]]) + Codec("raw", threshold=0, chunk_bytes=1))
+    assert recorder.batches == [4, 1, 1, 1, 1]  # the second convolution recomputed whole; the first chunked
+    assert recorder.batch_norm_backwards == 1  # recomputed, so whole
     for g, want in zip(got, exact):
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+
+    class OwnCheckpoint(nn.Module):
+        def __init__(self, layers):
+            super().__init__()
+            self.layers = layers
+
+        def forward(self, x):
+            return torch.utils.checkpoint.checkpoint(self.layers, x, use_reentrant=False)
+
+    inner = small_cnn()
+    model = nn.Sequential(OwnCheckpoint(inner[:3]), inner[3:])
+    exact = gradients(model, x, y)
+    with recorder:
+        got = gradients(model, x, y, Codec("sz:rel=1e-9", threshold=0, chunk_bytes=1))
+    for g, want in zip(got, exact):
+        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape, affine, momentum", [
@@ -122,7 +141,7 @@ def test_chunked_batch_norm_matches_plain_training(shape, affine, momentum):
     want = plain(x)
     want_grads = torch.autograd.grad(want, [x, *plain.parameters()], dy)
     per_sample = x[0].numel() * 8
-    for step in range(2):  # the second step checks the running statistics' update again
+    for _ in range(2):  # the second step checks the running statistics' update again
         with chunked_backward(chunked, 3 * per_sample) as patched:
             got = chunked(x)
         assert patched == 1 and type(got.grad_fn).__name__ == "ChunkedBatchNormBackward"

@@ -128,14 +128,14 @@ class ChunkedBatchNorm(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None, None, None, None
 
 
-def _chunked_convolution(module: nn.modules.conv._ConvNd,
-                         chunk_bytes: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def _chunked_convolution(module: nn.modules.conv._ConvNd, chunk_bytes: int,
+                         active: Callable[[], bool]) -> Callable[[torch.Tensor], torch.Tensor]:
     plain = _CONVOLUTIONS[type(module)]
     batched_dims = module.weight.dim()  # (N, C, *spatial): as many dimensions as the weight has
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad)
-        if (not wants_grad or x.device.type != "cpu" or x.dim() != batched_dims
+        if (not wants_grad or x.device.type != "cpu" or x.dim() != batched_dims or not active()
                 or x.shape[0] <= _chunk_samples(x, chunk_bytes)):
             return plain(module, x)
         return ChunkedConvolution.apply(x, module.weight, module.bias, module.stride, module.padding,
@@ -148,9 +148,9 @@ class _BatchNormCalls(TorchFunctionMode):
     """Routes a batch norm module's own ``F.batch_norm`` call to :class:`ChunkedBatchNorm` when it trains on a
     large CPU input, so that the module's forward (its momentum and batch counter) runs unchanged."""
 
-    def __init__(self, chunk_bytes: int):
+    def __init__(self, chunk_bytes: int, active: Callable[[], bool]):
         super().__init__()
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes, self.active = chunk_bytes, active
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -160,19 +160,19 @@ class _BatchNormCalls(TorchFunctionMode):
         call.apply_defaults()
         x, running_mean, running_var, weight, bias, training, momentum, eps = call.arguments.values()
         wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-        if (not training or not wants_grad or x.device.type != "cpu" or x.dim() < 2
+        if (not training or not wants_grad or x.device.type != "cpu" or x.dim() < 2 or not self.active()
                 or x.shape[0] <= _chunk_samples(x, self.chunk_bytes)):
             return func(*args, **kwargs)
         return ChunkedBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
                                       _chunk_samples(x, self.chunk_bytes))
 
 
-def _chunked_batch_norm(module: nn.modules.batchnorm._BatchNorm,
-                        chunk_bytes: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def _chunked_batch_norm(module: nn.modules.batchnorm._BatchNorm, chunk_bytes: int,
+                        active: Callable[[], bool]) -> Callable[[torch.Tensor], torch.Tensor]:
     plain = _BATCH_NORMS[type(module)]
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        with _BatchNormCalls(chunk_bytes):
+        with _BatchNormCalls(chunk_bytes, active):
             return plain(module, x)
 
     return forward
@@ -189,26 +189,32 @@ def _plain_batch_norm(module: nn.Module) -> TypeGuard[nn.modules.batchnorm._Batc
     return type(module) in _BATCH_NORMS and "forward" not in vars(module)
 
 
-def chunked_backward(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> contextlib.AbstractContextManager[int]:
+def chunked_backward(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                     active: Callable[[], bool] = lambda: True) -> contextlib.AbstractContextManager[int]:
     """A context in which ``model``'s plain convolutions and batch norms run their backward in chunks of at most
     ``chunk_bytes`` of input (0: none); it yields how many layers it patched, and leaves the model as it was on
-    exit."""
+    exit.
+
+    ``active()`` is asked at each call; a layer runs plainly when it says False. A session passes "my hooks are
+    the innermost saved-tensor hooks": inside a checkpointed region (``torch.utils.checkpoint``, ``recompute``)
+    the layers must run plainly, since the region's recomputation in backward runs after the session closed,
+    without these patches, and must save the same tensors as its forward did."""
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
         raise ValueError(f"chunk_bytes is the most input bytes one chunk of a layer's backward reads, an int "
                          f">= 0 (default {DEFAULT_CHUNK_BYTES}; 0 runs every backward on the whole batch), "
                          f"got {chunk_bytes!r}")
-    return _patched(model, chunk_bytes)
+    return _patched(model, chunk_bytes, active)
 
 
 @contextlib.contextmanager
-def _patched(model: nn.Module, chunk_bytes: int) -> Iterator[int]:
+def _patched(model: nn.Module, chunk_bytes: int, active: Callable[[], bool]) -> Iterator[int]:
     patched: list[nn.Module] = []
     try:
         for module in (model.modules() if chunk_bytes else ()):
             if _plain_convolution(module):
-                forward = _chunked_convolution(module, chunk_bytes)
+                forward = _chunked_convolution(module, chunk_bytes, active)
             elif _plain_batch_norm(module):
-                forward = _chunked_batch_norm(module, chunk_bytes)
+                forward = _chunked_batch_norm(module, chunk_bytes, active)
             else:
                 continue
             patched.append(module)

@@ -233,7 +233,7 @@ class Session:
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
-        self._chunked = chunked_backward(model, chunk_bytes)
+        self._chunked = chunked_backward(model, chunk_bytes, self._hooks_innermost)
         self._state = "new"
 
     # -- context manager ------------------------------------------------------------------------------------
@@ -289,6 +289,16 @@ class Session:
             entry.release()
 
     # -- saved-tensor hooks ---------------------------------------------------------------------------------
+    def _hooks_innermost(self) -> bool:
+        """Whether this session's hooks are the ones autograd applies now (not a checkpointed region's).
+
+        Asked by the chunked layers (:mod:`hpcdl.runtime.chunked`); False where PyTorch does not say, so that
+        they then run plainly.
+        """
+        top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        hooks = top_hooks(False) if top_hooks is not None else None
+        return hooks is not None and hooks[0] == self._pack
+
     def _pack(self, tensor: torch.Tensor):
         if not is_plain_strided(tensor):
             return tensor
