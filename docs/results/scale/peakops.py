@@ -61,10 +61,10 @@ for _, address, size, _, stack in events[:peak + 1]:
         alive.pop(address, None)
 MiB = 2**20
 print(f"{spec}, batch {batch}: backward peak {events[peak][3] / MiB:.0f} MiB allocated in the step (forward "
-      f"{forward_peak / MiB:.0f} MiB), during {' > '.join(events[peak][4][-2:])}")
+      f"{forward_peak / MiB:.0f} MiB), during {' > '.join(events[peak][4][-5:])}")
 groups, counts = collections.Counter(), collections.Counter()
 for size, stack in alive.values():
-    key = " > ".join(stack[-2:]) or "(outside any op)"
+    key = " > ".join(stack[-4:]) or "(outside any op)"
     groups[key] += size
     counts[key] += 1
 for key, size in groups.most_common(12):
