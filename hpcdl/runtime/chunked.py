@@ -88,7 +88,6 @@ def _chunk_samples(x: torch.Tensor, chunk_bytes: int) -> int:
     return max(1, chunk_bytes // max(1, x[0].numel() * x.element_size()))
 
 
-
 class ChunkedBatchNorm(torch.autograd.Function):
     """Training-mode ``native_batch_norm`` whose backward runs ``chunk`` samples at a time (see the module)."""
 
