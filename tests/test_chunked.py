@@ -189,6 +189,7 @@ def test_unbatched_and_gradient_free_inputs_run_plainly():
     conv = nn.Conv2d(2, 3, 3)
     with chunked_backward(conv, 1):
         assert conv(torch.randn(2, 5, 5)).shape == (3, 3, 3)  # no batch dimension
+        assert conv(torch.randn(0, 2, 5, 5)).shape == (0, 3, 3, 3)  # an empty batch
         with torch.no_grad():
             assert conv(torch.randn(4, 2, 5, 5)).grad_fn is None
         out = conv(torch.randn(4, 2, 5, 5))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from collections.abc import Callable, Iterator
 from typing import TypeGuard
 
@@ -84,8 +85,8 @@ class ChunkedConvolution(torch.autograd.Function):
 
 
 def _chunk_samples(x: torch.Tensor, chunk_bytes: int) -> int:
-    """Samples per chunk: as many as fit in ``chunk_bytes``, at least one."""
-    return max(1, chunk_bytes // max(1, x[0].numel() * x.element_size()))
+    """Samples per chunk: as many as fit in ``chunk_bytes``, at least one (any number for an empty batch)."""
+    return max(1, chunk_bytes // max(1, math.prod(x.shape[1:]) * x.element_size()))
 
 
 class ChunkedBatchNorm(torch.autograd.Function):
@@ -134,11 +135,11 @@ def _chunked_convolution(module: nn.modules.conv._ConvNd, chunk_bytes: int,
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         wants_grad = torch.is_grad_enabled() and (x.requires_grad or module.weight.requires_grad)
-        if (not wants_grad or x.device.type != "cpu" or x.dim() != batched_dims or not active()
-                or x.shape[0] <= _chunk_samples(x, chunk_bytes)):
+        chunk = _chunk_samples(x, chunk_bytes)
+        if not wants_grad or x.device.type != "cpu" or x.dim() != batched_dims or x.shape[0] <= chunk or not active():
             return plain(module, x)
         return ChunkedConvolution.apply(x, module.weight, module.bias, module.stride, module.padding,
-                                        module.dilation, module.groups, _chunk_samples(x, chunk_bytes))
+                                        module.dilation, module.groups, chunk)
 
     return forward
 
@@ -159,11 +160,11 @@ class _BatchNormCalls(TorchFunctionMode):
         call.apply_defaults()
         x, running_mean, running_var, weight, bias, training, momentum, eps = call.arguments.values()
         wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-        if (not training or not wants_grad or x.device.type != "cpu" or x.dim() < 2 or not self.active()
-                or x.shape[0] <= _chunk_samples(x, self.chunk_bytes)):
+        chunk = _chunk_samples(x, self.chunk_bytes)
+        if not training or not wants_grad or x.device.type != "cpu" or x.dim() < 2 or x.shape[0] <= chunk \
+                or not self.active():
             return func(*args, **kwargs)
-        return ChunkedBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps,
-                                      _chunk_samples(x, self.chunk_bytes))
+        return ChunkedBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps, chunk)
 
 
 def _chunked_batch_norm(module: nn.modules.batchnorm._BatchNorm, chunk_bytes: int,

@@ -103,7 +103,7 @@ class Codec(ActivationMethod):
 
     Tensors under ``threshold`` bytes stay raw, except floating ones saved inside the model's forward, which are
     compressed together in arenas of ``arena_bytes`` (0: none); ``verify`` checks each decompressed tensor (a
-    test mode); convolutions whose input exceeds ``chunk_bytes`` run their backward in chunks of the batch
+    test mode); convolutions and batch norms whose input exceeds ``chunk_bytes`` run their backward in chunks of the batch
     (:mod:`hpcdl.runtime.chunked`; 0: whole).
     """
 

@@ -451,8 +451,8 @@ def compressed(
     tensors under ``threshold`` bytes are kept as they are.
     ``verify=True`` keeps each original and checks every decompressed tensor
     against it by its codec's guarantee (a test mode: it costs the memory the
-    session otherwise saves). Convolutions on the CPU whose input exceeds
-    ``chunk_bytes`` run their backward in chunks of the batch
+    session otherwise saves). Convolutions and batch norms on the CPU whose
+    input exceeds ``chunk_bytes`` run their backward in chunks of the batch
     (:mod:`hpcdl.runtime.chunked`; 0: whole).
     """
     if not isinstance(model, torch.nn.Module):
