@@ -46,6 +46,7 @@ from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.errors import HpcdlRunError
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES, Arenas, Slot, member_codec
 from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_backward
+from hpcdl.runtime.concat import concat_gradients
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
 from hpcdl.runtime.observe import OUTSIDE, ModuleTracker
 from hpcdl.runtime.policy import Policy, as_policy
@@ -234,6 +235,7 @@ class Session:
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
         self._chunked = chunked_backward(model, chunk_bytes, self._hooks_innermost)
+        self._concat = concat_gradients(model)
         self._state = "new"
 
     # -- context manager ------------------------------------------------------------------------------------
@@ -250,6 +252,7 @@ class Session:
             self._watch = self.policy.watch(self.model, self.threshold)
         self._watch.__enter__()
         self._chunked.__enter__()
+        self._concat.__enter__()
         self._modules = ModuleTracker(self.model).__enter__()
         self._seal_hook = self.model.register_forward_hook(lambda *_: self._arenas.seal_all(), always_call=True)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -264,6 +267,7 @@ class Session:
         self._modules.__exit__(*exc)
         self._seal_hook.remove()
         self._arenas.seal_all()
+        self._concat.__exit__(*exc)
         self._chunked.__exit__(*exc)
         self._watch.__exit__(*exc)
         self._by_storage.clear()
