@@ -40,14 +40,15 @@ def _copy_late_pieces(consumer_order: tuple[int | None, ...]):
         buffer = grad_outputs[0]
         if buffer is None or buffer.nbytes < MIN_BYTES:
             return None
-        pieces = [i for i, grad in enumerate(grad_inputs) if grad is not None and consumer_order[i] is not None]
+        pieces = {i: (grad, order) for i, (grad, order) in enumerate(zip(grad_inputs, consumer_order))
+                  if grad is not None and order is not None}
         if not pieces:
             return None
-        first = max(consumer_order[i] for i in pieces)  # type: ignore[type-var]
-        late = {i for i in pieces if consumer_order[i] != first}
-        if not late or 2 * sum(grad_inputs[i].nbytes for i in late) > buffer.nbytes:  # type: ignore[union-attr]
+        first = max(order for _, order in pieces.values())
+        late = {i for i, (_, order) in pieces.items() if order != first}
+        if not late or 2 * sum(pieces[i][0].nbytes for i in late) > buffer.nbytes:
             return None
-        return tuple(grad.clone() if i in late else grad for i, grad in enumerate(grad_inputs))  # type: ignore[union-attr]
+        return tuple(grad.clone() if i in late and grad is not None else grad for i, grad in enumerate(grad_inputs))
 
     return hook
 

@@ -46,8 +46,8 @@ from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.errors import HpcdlRunError
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES, Arenas, Slot, member_codec
 from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_backward
-from hpcdl.runtime.concat import concat_gradients
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
+from hpcdl.runtime.concat import concat_gradients
 from hpcdl.runtime.observe import OUTSIDE, ModuleTracker
 from hpcdl.runtime.policy import Policy, as_policy
 from hpcdl.runtime.stats import Row, Stats
