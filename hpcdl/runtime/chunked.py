@@ -58,7 +58,23 @@ class ChunkedConvolution(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.geometry = (stride, padding, dilation, groups)
         ctx.chunk, ctx.has_bias = chunk, bias is not None
-        return torch.convolution(x, weight, bias, stride, padding, dilation, False, [0] * len(stride), groups)
+
+        def convolve(part: torch.Tensor) -> torch.Tensor:
+            return torch.convolution(part, weight, bias, stride, padding, dilation, False, [0] * len(stride), groups)
+
+        if x.shape[0] <= chunk:
+            return convolve(x)
+        first = convolve(x[:chunk])
+        out_format = _memory_format(first)
+        if out_format is None:
+            return torch.cat([first] + [convolve(x[start:start + chunk]) for start in range(chunk, x.shape[0], chunk)])
+        out = torch.empty((x.shape[0], *first.shape[1:]), dtype=first.dtype, device=first.device,
+                          memory_format=out_format)
+        out[:chunk] = first
+        del first
+        for start in range(chunk, x.shape[0], chunk):
+            out[start:start + chunk] = convolve(x[start:start + chunk])
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -82,6 +98,15 @@ class ChunkedConvolution(torch.autograd.Function):
                 grad_bias = part_bias if grad_bias is None else grad_bias.add_(part_bias)
             del part_x  # before the next chunk's is allocated
         return grad_x, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _memory_format(tensor: torch.Tensor) -> torch.memory_format | None:
+    """The standard memory format ``tensor`` is dense in (contiguous, or channels-last for 4-D and 5-D), if any."""
+    channels_last = {4: torch.channels_last, 5: torch.channels_last_3d}.get(tensor.dim())
+    for memory_format in (torch.contiguous_format, channels_last):
+        if memory_format is not None and tensor.is_contiguous(memory_format=memory_format):
+            return memory_format
+    return None
 
 
 def _chunk_samples(x: torch.Tensor, chunk_bytes: int) -> int:
