@@ -6,21 +6,25 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hpcdl
-from hpcdl.runtime.chunked import ChunkedConvolution, chunked_backward
+from hpcdl.runtime.chunked import ChunkedConvolution, chunked_layers
 from hpcdl.runtime.methods import Codec, Recompute, train_step
 
 
 class BackwardBatches(TorchDispatchMode):
-    """Records the batch size of every aten.convolution_backward call, and counts whole-batch norm backwards."""
+    """Records the batch size of every aten.convolution_backward (and forward) call, and counts whole-batch norm
+    backwards."""
 
     def __init__(self):
         super().__init__()
         self.batches = []
+        self.forward_batches = []
         self.batch_norm_backwards = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.convolution_backward.default:
             self.batches.append(args[1].shape[0])
+        if func is torch.ops.aten.convolution.default:
+            self.forward_batches.append(args[0].shape[0])
         if func is torch.ops.aten.native_batch_norm_backward.default:
             self.batch_norm_backwards += 1
         return func(*args, **(kwargs or {}))
@@ -44,7 +48,17 @@ def test_chunked_convolution_gradients_are_exact(dims, stride, padding, dilation
 
     assert torch.autograd.gradcheck(conv, inputs)
     plain = torch.convolution(x, weight, b, stride, padding, dilation, False, [0] * dims, groups)
-    assert torch.equal(conv(*inputs), plain)
+    torch.testing.assert_close(conv(*inputs), plain)  # the forward also runs in chunks: equal up to rounding
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_chunked_convolution_output_keeps_the_memory_format(memory_format):
+    x = torch.randn(5, 4, 9, 9).contiguous(memory_format=memory_format)
+    weight = torch.randn(6, 4, 3, 3).contiguous(memory_format=memory_format)
+    got = ChunkedConvolution.apply(x, weight, None, (1, 1), (1, 1), (1, 1), 1, 2)
+    plain = torch.convolution(x, weight, None, (1, 1), (1, 1), (1, 1), False, [0, 0], 1)
+    assert got.is_contiguous(memory_format=memory_format) == plain.is_contiguous(memory_format=memory_format)
+    torch.testing.assert_close(got, plain)
 
 
 def small_cnn():
@@ -71,8 +85,9 @@ def test_a_session_runs_large_convolutions_backward_in_chunks():
     recorder = BackwardBatches()
     with recorder:
         chunked = gradients(model, x, y, Codec("raw", threshold=0, chunk_bytes=2 * per_sample))
-    # the first convolution's input (3 channels) fits 5 samples a chunk; the second's 2
+    # the first convolution's input (3 channels) fits 5 samples a chunk; the second's 2: forward and backward
     assert sorted(recorder.batches) == [1, 2, 2, 2, 5]
+    assert sorted(recorder.forward_batches) == [1, 2, 2, 2, 5]
     assert recorder.batch_norm_backwards == 0  # the batch norm (8 channels) ran its chunks itself
     for got, want in zip(chunked, exact):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -142,7 +157,7 @@ def test_chunked_batch_norm_matches_plain_training(shape, affine, momentum):
     want_grads = torch.autograd.grad(want, [x, *plain.parameters()], dy)
     per_sample = x[0].numel() * 8
     for _ in range(2):  # the second step checks the running statistics' update again
-        with chunked_backward(chunked, 3 * per_sample) as patched:
+        with chunked_layers(chunked, 3 * per_sample) as patched:
             got = chunked(x)
         assert patched == 1 and type(got.grad_fn).__name__ == "ChunkedBatchNormBackward"
     plain(x)
@@ -156,13 +171,13 @@ def test_chunked_batch_norm_matches_plain_training(shape, affine, momentum):
 
 
 def chunked_training(norm, x, chunk_bytes):
-    with chunked_backward(norm, chunk_bytes):
+    with chunked_layers(norm, chunk_bytes):
         return norm(x)
 
 
 def test_batch_norm_in_evaluation_runs_plainly():
     norm = nn.BatchNorm2d(2).eval()
-    with chunked_backward(norm, 1):
+    with chunked_layers(norm, 1):
         out = norm(torch.randn(4, 2, 3, 3, requires_grad=True))
     assert type(out.grad_fn).__name__ != "ChunkedBatchNormBackward"
 
@@ -178,7 +193,7 @@ def test_only_plain_convolutions_are_patched_and_restored():
     instance_forward = nn.Conv2d(4, 4, 1)
     instance_forward.forward = lambda x: x
     model.append(instance_forward)
-    with chunked_backward(model, 1) as patched:
+    with chunked_layers(model, 1) as patched:
         assert patched == 2  # the first Conv2d and the Conv1d
         assert "forward" in vars(model[0]) and "forward" in vars(model[4])
     assert "forward" not in vars(model[0]) and "forward" not in vars(model[4])
@@ -187,7 +202,7 @@ def test_only_plain_convolutions_are_patched_and_restored():
 
 def test_unbatched_and_gradient_free_inputs_run_plainly():
     conv = nn.Conv2d(2, 3, 3)
-    with chunked_backward(conv, 1):
+    with chunked_layers(conv, 1):
         assert conv(torch.randn(2, 5, 5)).shape == (3, 3, 3)  # no batch dimension
         assert conv(torch.randn(0, 2, 5, 5)).shape == (0, 3, 3, 3)  # an empty batch
         with torch.no_grad():

@@ -1,31 +1,34 @@
-"""Convolution and batch-norm backward over chunks of the batch, so their transient buffers follow a chunk.
+"""Convolutions and batch norms over chunks of the batch, so their transient buffers follow a chunk.
 
-Once the saved activations are compressed, the step's peak sits in the backward of the widest layers
-(DeepCAM at its full input: the decoder's and stage 1's, ``docs/results/scale``). Two of their buffers
-grow with the batch although the backward does not need them whole:
+Once the saved activations are compressed, the step's peak sits in the widest layers (DeepCAM at its
+full input: the decoder's and stage 1's, ``docs/results/scale``). Some of their buffers grow with the
+batch although the layer does not need them whole:
 
-- oneDNN's ``convolution_backward`` copies its input and the incoming gradient into its blocked layout
-  for the whole batch (478 MiB at DeepCAM's batch 4, a quarter of the step's peak);
+- oneDNN copies a convolution's input and output (forward), or its input and incoming gradient
+  (backward), into its blocked layout for the whole batch (478 MiB in the decoder's first convolution's
+  backward at DeepCAM's batch 4; about 55 MiB a sample in its forward);
 - the CPU ``native_batch_norm_backward`` allocates a second input-sized buffer beside the input's gradient.
 
-Both come on top of the decoded input, the incoming gradient and the input's gradient, which the
-backward needs anyway. :func:`chunked_backward` patches the model's plain convolutions (``nn.Conv1d/2d/3d``
+They come on top of the input, the output or incoming gradient, and the input's gradient, which the
+layer needs anyway. :func:`chunked_layers` patches the model's plain convolutions (``nn.Conv1d/2d/3d``
 with zero padding) and batch norms (``nn.BatchNorm1d/2d/3d``), each with its own class's forward, while it
-is open. A layer whose input exceeds ``chunk_bytes`` runs its forward as before (one call, the same
-output, the same running statistics) and its backward per chunk of samples:
+is open. A layer whose input exceeds ``chunk_bytes`` runs per chunk of samples:
 
-- a convolution: one ``convolution_backward`` per chunk, each chunk's input gradient written into its
-  rows of one buffer, the weight and bias gradients summed over the chunks;
-- a batch norm in training: the per-channel sums of the incoming gradient and of its product with the
-  centred input, one chunk at a time, then the input gradient one chunk at a time from the closed form
+- a convolution: its forward one chunk at a time, each chunk's output written into its rows of one output
+  (in the first chunk's memory format); its backward one ``convolution_backward`` per chunk, each chunk's
+  input gradient written into its rows of one buffer, the weight and bias gradients summed over the chunks;
+- a batch norm in training: its forward as before (one call, the same output and running statistics); in
+  backward the per-channel sums of the incoming gradient and of its product with the centred input, one
+  chunk at a time, then the input gradient one chunk at a time from the closed form
   ``w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))``.
 
 The saved input is still saved once, through autograd's saved-tensor hooks, so a compressing session
 packs it (or shares an already packed copy) as before.
 
-What it changes: sums run in another order, so the gradients differ from plain autograd's by float
-rounding (as they do between thread counts). Only CPU tensors are chunked: the buffers above are the CPU
-kernels', and on CUDA the effect of chunking on cuDNN's workspaces and speed has not been measured here.
+What it changes: sums run in another order and oneDNN may pick another kernel for a smaller batch, so
+outputs and gradients differ from plain autograd's by float rounding (as they do between thread counts).
+Only CPU tensors are chunked: the buffers above are the CPU kernels', and on CUDA the effect of chunking
+on cuDNN's workspaces and speed has not been measured here.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ _BATCH_NORM_SIGNATURE = inspect.signature(F.batch_norm)
 
 
 class ChunkedConvolution(torch.autograd.Function):
-    """``torch.convolution`` whose backward runs ``chunk`` samples at a time (see the module docstring)."""
+    """``torch.convolution`` whose forward and backward run ``chunk`` samples at a time (see the module docstring)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, stride, padding, dilation, groups, chunk):
@@ -214,10 +217,10 @@ def _plain_batch_norm(module: nn.Module) -> TypeGuard[nn.modules.batchnorm._Batc
     return type(module) in _BATCH_NORMS and "forward" not in vars(module)
 
 
-def chunked_backward(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+def chunked_layers(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                      active: Callable[[], bool] = lambda: True) -> contextlib.AbstractContextManager[int]:
-    """A context in which ``model``'s plain convolutions and batch norms run their backward in chunks of at most
-    ``chunk_bytes`` of input (0: none); it yields how many layers it patched, and leaves the model as it was on
+    """A context in which ``model``'s plain convolutions (forward and backward) and batch norms (backward) run in
+    chunks of at most ``chunk_bytes`` of input (0: none); it yields how many layers it patched, and leaves the model as it was on
     exit.
 
     ``active()`` is asked at each call; a layer runs plainly when it says False. A session passes "my hooks are

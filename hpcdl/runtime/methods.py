@@ -103,8 +103,8 @@ class Codec(ActivationMethod):
 
     Tensors under ``threshold`` bytes stay raw, except floating ones saved inside the model's forward, which are
     compressed together in arenas of ``arena_bytes`` (0: none); ``verify`` checks each decompressed tensor (a
-    test mode); convolutions and batch norms whose input exceeds ``chunk_bytes`` run their backward in chunks of the batch
-    (:mod:`hpcdl.runtime.chunked`; 0: whole).
+    test mode); convolutions (forward and backward) and batch norms (backward) whose input exceeds ``chunk_bytes``
+    run in chunks of the batch (:mod:`hpcdl.runtime.chunked`; 0: whole).
     """
 
     policy: Policy | str | dict

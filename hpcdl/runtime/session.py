@@ -45,7 +45,7 @@ import torch
 from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.errors import HpcdlRunError
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES, Arenas, Slot, member_codec
-from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_backward
+from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_layers
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
 from hpcdl.runtime.concat import concat_gradients
 from hpcdl.runtime.observe import OUTSIDE, ModuleTracker
@@ -234,7 +234,7 @@ class Session:
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
-        self._chunked = chunked_backward(model, chunk_bytes, self._hooks_innermost)
+        self._chunked = chunked_layers(model, chunk_bytes, self._hooks_innermost)
         self._concat = concat_gradients(model)
         self._state = "new"
 
@@ -455,9 +455,11 @@ def compressed(
     tensors under ``threshold`` bytes are kept as they are.
     ``verify=True`` keeps each original and checks every decompressed tensor
     against it by its codec's guarantee (a test mode: it costs the memory the
-    session otherwise saves). Convolutions and batch norms on the CPU whose
-    input exceeds ``chunk_bytes`` run their backward in chunks of the batch
-    (:mod:`hpcdl.runtime.chunked`; 0: whole).
+    session otherwise saves). Convolutions (forward and backward) and batch
+    norms (backward) on the CPU whose input exceeds ``chunk_bytes`` run in
+    chunks of the batch (:mod:`hpcdl.runtime.chunked`; 0: whole). A large
+    concatenation's gradient is freed after its first consumer has run
+    (:mod:`hpcdl.runtime.concat`).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(
