@@ -215,3 +215,37 @@ def test_unbatched_and_gradient_free_inputs_run_plainly():
 def test_bad_chunk_bytes_is_refused_with_what_is_valid(bad):
     with pytest.raises(ValueError, match="chunk_bytes .* int >= 0"):
         hpcdl.compressed(nn.Conv2d(1, 1, 1), "sz:rel=1e-2", chunk_bytes=bad)
+
+
+def test_a_decoded_input_nothing_else_holds_takes_its_gradient_and_shared_ones_are_decoded_afresh(monkeypatch):
+    """The second convolution's input is the first ReLU's output, which the ReLU saved too: the convolution's
+    backward writes its input gradient over the decoded input, and the ReLU's backward must then decode its
+    own copy, not read that gradient (the gradients would be wrong)."""
+    from hpcdl.runtime import session as session_module
+
+    model = small_cnn()
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1] * 3)
+    exact = gradients(model, x, y)
+    claimed = []
+    claim = session_module.Session._claim_decoded
+
+    def recording_claim(self, tensor):
+        claimed.append(claim(self, tensor))
+        return claimed[-1]
+
+    monkeypatch.setattr(session_module.Session, "_claim_decoded", recording_claim)
+    got = gradients(model, x, y, Codec("raw", threshold=0, chunk_bytes=2 * 8 * 16 * 16 * 4))
+    assert claimed == [True, True]  # the second convolution's input, then the batch norm's
+    for g, want in zip(got, exact):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+
+
+def test_inputs_kept_as_they_are_are_never_overwritten():
+    model = small_cnn()
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1] * 3)
+    with hpcdl.compressed(model, None, threshold=0, chunk_bytes=1):  # no codec: every saved tensor kept as it is
+        hidden = model[:3](x)
+        kept = hidden.detach().clone()
+        out = model[3:](hidden)
+    nn.functional.cross_entropy(out, y).backward()
+    assert torch.equal(hidden.detach(), kept)

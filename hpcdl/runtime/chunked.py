@@ -53,14 +53,19 @@ _BATCH_NORMS: dict[type, Callable[..., torch.Tensor]] = {
 _BATCH_NORM_SIGNATURE = inspect.signature(F.batch_norm)
 
 
+def _claim_nothing(tensor: torch.Tensor) -> bool:
+    """The default owner's answer: no saved input is ours to overwrite."""
+    return False
+
+
 class ChunkedConvolution(torch.autograd.Function):
     """``torch.convolution`` whose forward and backward run ``chunk`` samples at a time (see the module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, chunk):
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, chunk, claim=_claim_nothing):
         ctx.save_for_backward(x, weight)
         ctx.geometry = (stride, padding, dilation, groups)
-        ctx.chunk, ctx.has_bias = chunk, bias is not None
+        ctx.chunk, ctx.has_bias, ctx.claim = chunk, bias is not None, claim
 
         def convolve(part: torch.Tensor) -> torch.Tensor:
             return torch.convolution(part, weight, bias, stride, padding, dilation, False, [0] * len(stride), groups)
@@ -86,7 +91,7 @@ class ChunkedConvolution(torch.autograd.Function):
         need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
         mask = [need_x, need_weight, need_bias and ctx.has_bias]
         bias_sizes = [weight.shape[0]] if ctx.has_bias else None
-        grad_x = torch.empty_like(x) if need_x else None
+        grad_x = (x if ctx.claim(x) else torch.empty_like(x)) if need_x else None
         grad_weight = grad_bias = None
         for start in range(0, x.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
@@ -94,13 +99,13 @@ class ChunkedConvolution(torch.autograd.Function):
                 grad_out[rows], x[rows], weight, bias_sizes, stride, padding, dilation, False, [0] * len(stride),
                 groups, mask)
             if need_x:
-                grad_x[rows].copy_(part_x)
+                grad_x[rows].copy_(part_x)  # over x[rows] where x was claimed: its last use was just above
             if mask[1]:
                 grad_weight = part_weight if grad_weight is None else grad_weight.add_(part_weight)
             if mask[2]:
                 grad_bias = part_bias if grad_bias is None else grad_bias.add_(part_bias)
             del part_x  # before the next chunk's is allocated
-        return grad_x, grad_weight, grad_bias, None, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 def _memory_format(tensor: torch.Tensor) -> torch.memory_format | None:
@@ -121,11 +126,11 @@ class ChunkedBatchNorm(torch.autograd.Function):
     """Training-mode ``native_batch_norm`` whose backward runs ``chunk`` samples at a time (see the module)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, chunk):
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, chunk, claim=_claim_nothing):
         out, mean, invstd = torch.ops.aten.native_batch_norm(x, weight, bias, running_mean, running_var, True,
                                                              momentum, eps)
         ctx.save_for_backward(x, weight, mean, invstd)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.claim = chunk, claim
         return out
 
     @staticmethod
@@ -148,16 +153,16 @@ class ChunkedBatchNorm(torch.autograd.Function):
             scale = (invstd if weight is None else weight * invstd).view(per_channel)
             mean_dy = (sum_dy / count).view(per_channel)
             slope = (sum_dy_centred * invstd * invstd / count).view(per_channel)
-            grad_x = torch.empty_like(x)
-            for rows in chunks:
+            grad_x = x if ctx.claim(x) else torch.empty_like(x)
+            for rows in chunks:  # over x[rows] where x was claimed: this is its last use
                 grad_x[rows] = (grad_out[rows] - mean_dy - (x[rows] - centre) * slope) * scale
         grad_weight = sum_dy_centred * invstd if need_weight else None
         grad_bias = sum_dy if need_bias else None
-        return grad_x, grad_weight, grad_bias, None, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
 
 
-def _chunked_convolution(module: nn.modules.conv._ConvNd, chunk_bytes: int,
-                         active: Callable[[], bool]) -> Callable[[torch.Tensor], torch.Tensor]:
+def _chunked_convolution(module: nn.modules.conv._ConvNd, chunk_bytes: int, active: Callable[[], bool],
+                         claim: Callable[[torch.Tensor], bool]) -> Callable[[torch.Tensor], torch.Tensor]:
     plain = _CONVOLUTIONS[type(module)]
     batched_dims = module.weight.dim()  # (N, C, *spatial): as many dimensions as the weight has
 
@@ -167,7 +172,7 @@ def _chunked_convolution(module: nn.modules.conv._ConvNd, chunk_bytes: int,
         if not wants_grad or x.device.type != "cpu" or x.dim() != batched_dims or x.shape[0] <= chunk or not active():
             return plain(module, x)
         return ChunkedConvolution.apply(x, module.weight, module.bias, module.stride, module.padding,
-                                        module.dilation, module.groups, chunk)
+                                        module.dilation, module.groups, chunk, claim)
 
     return forward
 
@@ -176,9 +181,9 @@ class _BatchNormCalls(TorchFunctionMode):
     """Routes a batch norm module's own ``F.batch_norm`` call to :class:`ChunkedBatchNorm` when it trains on a
     large CPU input, so that the module's forward (its momentum and batch counter) runs unchanged."""
 
-    def __init__(self, chunk_bytes: int, active: Callable[[], bool]):
+    def __init__(self, chunk_bytes: int, active: Callable[[], bool], claim: Callable[[torch.Tensor], bool]):
         super().__init__()
-        self.chunk_bytes, self.active = chunk_bytes, active
+        self.chunk_bytes, self.active, self.claim = chunk_bytes, active, claim
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -192,15 +197,15 @@ class _BatchNormCalls(TorchFunctionMode):
         if not training or not wants_grad or x.device.type != "cpu" or x.dim() < 2 or x.shape[0] <= chunk \
                 or not self.active():
             return func(*args, **kwargs)
-        return ChunkedBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps, chunk)
+        return ChunkedBatchNorm.apply(x, weight, bias, running_mean, running_var, momentum, eps, chunk, self.claim)
 
 
-def _chunked_batch_norm(module: nn.modules.batchnorm._BatchNorm, chunk_bytes: int,
-                        active: Callable[[], bool]) -> Callable[[torch.Tensor], torch.Tensor]:
+def _chunked_batch_norm(module: nn.modules.batchnorm._BatchNorm, chunk_bytes: int, active: Callable[[], bool],
+                        claim: Callable[[torch.Tensor], bool]) -> Callable[[torch.Tensor], torch.Tensor]:
     plain = _BATCH_NORMS[type(module)]
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        with _BatchNormCalls(chunk_bytes, active):
+        with _BatchNormCalls(chunk_bytes, active, claim):
             return plain(module, x)
 
     return forward
@@ -217,8 +222,8 @@ def _plain_batch_norm(module: nn.Module) -> TypeGuard[nn.modules.batchnorm._Batc
     return type(module) in _BATCH_NORMS and "forward" not in vars(module)
 
 
-def chunked_layers(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                     active: Callable[[], bool] = lambda: True) -> contextlib.AbstractContextManager[int]:
+def chunked_layers(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES, active: Callable[[], bool] = lambda: True,
+                   claim: Callable[[torch.Tensor], bool] = _claim_nothing) -> contextlib.AbstractContextManager[int]:
     """A context in which ``model``'s plain convolutions (forward and backward) and batch norms (backward) run in
     chunks of at most ``chunk_bytes`` of input (0: none); it yields how many layers it patched, and leaves the model as it was on
     exit.
@@ -226,23 +231,28 @@ def chunked_layers(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ``active()`` is asked at each call; a layer runs plainly when it says False. A session passes "my hooks are
     the innermost saved-tensor hooks": inside a checkpointed region (``torch.utils.checkpoint``, ``recompute``)
     the layers must run plainly, since the region's recomputation in backward runs after the session closed,
-    without these patches, and must save the same tensors as its forward did."""
+    without these patches, and must save the same tensors as its forward did.
+
+    ``claim(x)`` is asked in backward about the saved input: True says that ``x`` is the caller's alone (a session
+    says so for a span it decoded for this backward and nothing else holds), and the layer then writes the input's
+    gradient over it, one chunk after that chunk's last use, instead of into a new input-sized buffer."""
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
         raise ValueError(f"chunk_bytes is the most input bytes one chunk of a layer's backward reads, an int "
                          f">= 0 (default {DEFAULT_CHUNK_BYTES}; 0 runs every backward on the whole batch), "
                          f"got {chunk_bytes!r}")
-    return _patched(model, chunk_bytes, active)
+    return _patched(model, chunk_bytes, active, claim)
 
 
 @contextlib.contextmanager
-def _patched(model: nn.Module, chunk_bytes: int, active: Callable[[], bool]) -> Iterator[int]:
+def _patched(model: nn.Module, chunk_bytes: int, active: Callable[[], bool],
+             claim: Callable[[torch.Tensor], bool]) -> Iterator[int]:
     patched: list[nn.Module] = []
     try:
         for module in (model.modules() if chunk_bytes else ()):
             if _plain_convolution(module):
-                forward = _chunked_convolution(module, chunk_bytes, active)
+                forward = _chunked_convolution(module, chunk_bytes, active, claim)
             elif _plain_batch_norm(module):
-                forward = _chunked_batch_norm(module, chunk_bytes, active)
+                forward = _chunked_batch_norm(module, chunk_bytes, active, claim)
             else:
                 continue
             patched.append(module)

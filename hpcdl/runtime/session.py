@@ -80,7 +80,7 @@ class _Entry:
 
     __slots__ = (
         "codec", "packed", "kept", "copy", "slot", "original", "layout", "storage", "dtype", "device",
-        "row", "stats", "decoded", "decoded_layout", "released", "__weakref__",
+        "row", "stats", "decoded", "decoded_layout", "decoded_finalizer", "released", "__weakref__",
     )
 
     def __init__(self, tensor: torch.Tensor, layout: Layout, row: Row, stats: Stats):
@@ -96,6 +96,7 @@ class _Entry:
         self.original: torch.Tensor | None = None
         self.decoded = None  # weak reference to the storage of the last decoded span
         self.decoded_layout = None
+        self.decoded_finalizer: weakref.finalize | None = None  # counts the span freed in the stats
         self.released = False
 
     def shares(self, tensor: torch.Tensor, footprint: Footprint) -> bool:
@@ -150,8 +151,19 @@ class _Entry:
         storage = base.untyped_storage()
         self.decoded, self.decoded_layout = weakref.ref(storage), (base.size(), base.stride())
         self.stats.decoded(storage.nbytes())
-        weakref.finalize(storage, self.stats.decoded_freed, storage.nbytes())
+        self.decoded_finalizer = weakref.finalize(storage, self.stats.decoded_freed, storage.nbytes())
         return base
+
+    def give_up_decoded(self, storage: torch.UntypedStorage) -> bool:
+        """If ``storage`` is this entry's last decoded span, forget it (a later unpack decodes afresh, and the
+        stats count it freed now) and say so."""
+        decoded = self.decoded() if self.decoded is not None else None
+        if decoded is None or decoded.data_ptr() != storage.data_ptr():
+            return False
+        self.decoded = self.decoded_layout = None
+        if self.decoded_finalizer is not None:
+            self.decoded_finalizer()
+        return True
 
     def release(self) -> None:
         if self.slot is not None:
@@ -234,7 +246,7 @@ class Session:
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
-        self._chunked = chunked_layers(model, chunk_bytes, self._hooks_innermost)
+        self._chunked = chunked_layers(model, chunk_bytes, self._hooks_innermost, self._claim_decoded)
         self._concat = concat_gradients(model)
         self._state = "new"
 
@@ -302,6 +314,19 @@ class Session:
         top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
         hooks = top_hooks(False) if top_hooks is not None else None
         return hooks is not None and hooks[0] == self._pack
+
+    def _claim_decoded(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a whole span this session decoded and nothing else holds. If so, the session
+        forgets it and the caller may overwrite it: the chunked layers write the input's gradient over their
+        decoded input, one chunk after its last use (:mod:`hpcdl.runtime.chunked`). False where PyTorch does not
+        say how many hold the storage."""
+        storage = tensor.untyped_storage()
+        use_count = getattr(torch._C, "_storage_Use_Count", None)
+        if (use_count is None or tensor.storage_offset() or not tensor.is_contiguous()
+                or storage.nbytes() != tensor.numel() * tensor.element_size()
+                or use_count(storage._cdata) != 2):  # held by ``tensor`` and by ``storage`` here, nothing else
+            return False
+        return any(entry.give_up_decoded(storage) for entry in list(self._entries))
 
     def _pack(self, tensor: torch.Tensor):
         if not is_plain_strided(tensor):
