@@ -217,10 +217,10 @@ def test_bad_chunk_bytes_is_refused_with_what_is_valid(bad):
         hpcdl.compressed(nn.Conv2d(1, 1, 1), "sz:rel=1e-2", chunk_bytes=bad)
 
 
-def test_a_decoded_input_nothing_else_holds_takes_its_gradient_and_shared_ones_are_decoded_afresh(monkeypatch):
-    """The second convolution's input is the first ReLU's output, which the ReLU saved too: the convolution's
-    backward writes its input gradient over the decoded input, and the ReLU's backward must then decode its
-    own copy, not read that gradient (the gradients would be wrong)."""
+def test_a_decoded_input_only_this_layer_still_needs_takes_its_gradient(monkeypatch):
+    """The batch norm's input is saved by it alone: its backward writes the input gradient over the decoded
+    input. The second convolution's input is the first ReLU's output, which the ReLU saved too and still needs:
+    it is not handed over (the ReLU would otherwise decode it a second time)."""
     from hpcdl.runtime import session as session_module
 
     model = small_cnn()
@@ -230,14 +230,28 @@ def test_a_decoded_input_nothing_else_holds_takes_its_gradient_and_shared_ones_a
     claim = session_module.Session._claim_decoded
 
     def recording_claim(self, tensor):
-        claimed.append(claim(self, tensor))
-        return claimed[-1]
+        claimed.append((tuple(tensor.shape), claim(self, tensor)))
+        return claimed[-1][1]
 
     monkeypatch.setattr(session_module.Session, "_claim_decoded", recording_claim)
     got = gradients(model, x, y, Codec("raw", threshold=0, chunk_bytes=2 * 8 * 16 * 16 * 4))
-    assert claimed == [True, True]  # the second convolution's input, then the batch norm's
+    assert claimed == [((6, 8, 16, 16), False), ((6, 8, 16, 16), True)]  # the convolution's, the batch norm's
     for g, want in zip(got, exact):
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_second_backward_through_a_handed_over_input_decodes_it_afresh():
+    """retain_graph: the second backward unpacks the batch norm's input again; it must not read the first
+    backward's gradient, which was written over the decoded input."""
+    model = small_cnn()
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1] * 3)
+    with hpcdl.compressed(model, "raw", threshold=0, chunk_bytes=2 * 8 * 16 * 16 * 4):
+        loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward(retain_graph=True)
+    once = [p.grad.clone() for p in model.parameters()]
+    loss.backward()
+    for twice, first in zip(model.parameters(), once):
+        torch.testing.assert_close(twice.grad, 2 * first)
 
 
 def test_inputs_kept_as_they_are_are_never_overwritten():

@@ -23,7 +23,9 @@ is open. A layer whose input exceeds ``chunk_bytes`` runs per chunk of samples:
   ``w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))``.
 
 The saved input is still saved once, through autograd's saved-tensor hooks, so a compressing session
-packs it (or shares an already packed copy) as before.
+packs it (or shares an already packed copy) as before. In backward, each chunk of the input is read once;
+where the session decoded the input for this backward alone (``claim``), the input's gradient is written
+over it, each chunk right after its last use, instead of into a new input-sized buffer.
 
 What it changes: sums run in another order and oneDNN may pick another kernel for a smaller batch, so
 outputs and gradients differ from plain autograd's by float rounding (as they do between thread counts).

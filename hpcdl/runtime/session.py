@@ -80,7 +80,7 @@ class _Entry:
 
     __slots__ = (
         "codec", "packed", "kept", "copy", "slot", "original", "layout", "storage", "dtype", "device",
-        "row", "stats", "decoded", "decoded_layout", "decoded_finalizer", "released", "__weakref__",
+        "row", "stats", "decoded", "decoded_layout", "decoded_finalizer", "handles", "released", "__weakref__",
     )
 
     def __init__(self, tensor: torch.Tensor, layout: Layout, row: Row, stats: Stats):
@@ -97,6 +97,7 @@ class _Entry:
         self.decoded = None  # weak reference to the storage of the last decoded span
         self.decoded_layout = None
         self.decoded_finalizer: weakref.finalize | None = None  # counts the span freed in the stats
+        self.handles = 0  # live _SavedRefs: how many saved tensors autograd still holds through this entry
         self.released = False
 
     def shares(self, tensor: torch.Tensor, footprint: Footprint) -> bool:
@@ -155,10 +156,12 @@ class _Entry:
         return base
 
     def give_up_decoded(self, storage: torch.UntypedStorage) -> bool:
-        """If ``storage`` is this entry's last decoded span, forget it (a later unpack decodes afresh, and the
-        stats count it freed now) and say so."""
+        """If ``storage`` is this entry's last decoded span and one saved tensor is all autograd still holds
+        through this entry (the one being used), forget the span (the stats count it freed now) and say so.
+        With a second handle alive (a ReLU's output is also the next convolution's input) the span is kept for
+        it: handing it over would cost a second decode."""
         decoded = self.decoded() if self.decoded is not None else None
-        if decoded is None or decoded.data_ptr() != storage.data_ptr():
+        if self.handles != 1 or decoded is None or decoded.data_ptr() != storage.data_ptr():
             return False
         self.decoded = self.decoded_layout = None
         if self.decoded_finalizer is not None:
@@ -179,9 +182,13 @@ class _SavedRef:
 
     def __init__(self, entry: _Entry, footprint: Footprint):
         self.entry, self.footprint = entry, footprint
+        entry.handles += 1
 
     def unpack(self) -> torch.Tensor:
         return self.entry.restore(self.footprint)
+
+    def __del__(self):
+        self.entry.handles -= 1
 
 
 class _MemberRef(_SavedRef):
@@ -206,6 +213,7 @@ class _MemberRef(_SavedRef):
 
     def __del__(self):
         self._done()
+        super().__del__()
 
 
 def _ref(entry: _Entry, footprint: Footprint) -> _SavedRef:
