@@ -1,4 +1,4 @@
-"""Step time of deeplabv3p-climate at its full input, batch 2: baseline, sz rel 1e-2 with its convolutions' backward
+"""Step time of deeplabv3p-climate at its full input, batch 2: baseline, sz rel 1e-2 with its large layers run
 in chunks (the session's default), and sz with chunk_bytes=0; interleaved in one process, the order rotating each
 round, median after a warm-up round. Arguments: torch threads (2), timed rounds (4), batch (2)."""
 import os, statistics, sys, time, torch
