@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-#: The default most bytes of a layer's input that one chunk of its backward reads.
+#: The default most bytes of a layer's input that one chunk of it reads.
 DEFAULT_CHUNK_BYTES = 32 << 20
 _CONVOLUTIONS: dict[type, Callable[..., torch.Tensor]] = {
     kind: kind.forward for kind in (nn.Conv1d, nn.Conv2d, nn.Conv3d)}
@@ -239,8 +239,8 @@ def chunked_layers(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES, act
     says so for a span it decoded for this backward and nothing else holds), and the layer then writes the input's
     gradient over it, one chunk after that chunk's last use, instead of into a new input-sized buffer."""
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
-        raise ValueError(f"chunk_bytes is the most input bytes one chunk of a layer's backward reads, an int "
-                         f">= 0 (default {DEFAULT_CHUNK_BYTES}; 0 runs every backward on the whole batch), "
+        raise ValueError(f"chunk_bytes is the most input bytes one chunk of a layer reads, an int "
+                         f">= 0 (default {DEFAULT_CHUNK_BYTES}; 0 runs every layer on the whole batch), "
                          f"got {chunk_bytes!r}")
     return _patched(model, chunk_bytes, active, claim)
 
