@@ -106,16 +106,18 @@ def test_chunk_bytes_zero_runs_every_backward_whole_and_lossless_stays_bit_ident
 
 
 def test_checkpointed_regions_run_plainly_and_recompute_the_same():
-    """A recomputed region must save in backward what it saved in forward: its layers are not chunked, whether
-    recomputed by the recompute method or by the model's own torch.utils.checkpoint."""
+    """A recomputed region must save in backward what it saved in forward. A layer that is itself a block of the
+    recompute method has its forward replaced, so it runs whole; a model's own torch.utils.checkpoint region runs
+    plainly, since its recomputation comes after the session closed. (Layers inside a recompute block run in
+    chunks in both passes: tests/test_recompute.py.)"""
     model = small_cnn()
     x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 1] * 2)
     exact = gradients(model, x, y)
     recorder = BackwardBatches()
     with recorder:
         got = gradients(model, x, y, Recompute([model[1], model[3]]) + Codec("raw", threshold=0, chunk_bytes=1))
-    assert recorder.batches == [4, 1, 1, 1, 1]  # the second convolution recomputed whole; the first chunked
-    assert recorder.batch_norm_backwards == 1  # recomputed, so whole
+    assert recorder.batches == [4, 1, 1, 1, 1]  # the second convolution (a block) whole; the first chunked
+    assert recorder.batch_norm_backwards == 1  # a block, so whole
     for g, want in zip(got, exact):
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)
 

@@ -230,10 +230,10 @@ def chunked_layers(model: nn.Module, chunk_bytes: int = DEFAULT_CHUNK_BYTES, act
     chunks of at most ``chunk_bytes`` of input (0: none); it yields how many layers it patched, and leaves the model as it was on
     exit.
 
-    ``active()`` is asked at each call; a layer runs plainly when it says False. A session passes "my hooks are
-    the innermost saved-tensor hooks": inside a checkpointed region (``torch.utils.checkpoint``, ``recompute``)
-    the layers must run plainly, since the region's recomputation in backward runs after the session closed,
-    without these patches, and must save the same tensors as its forward did.
+    ``active()`` is asked at each call; a layer runs plainly when it says False. A session passes "my hooks (or
+    my recomputed blocks') are the innermost saved-tensor hooks": inside a region checkpointed with
+    ``torch.utils.checkpoint`` the layers must run plainly, since the region's recomputation in backward runs
+    after the session closed, without these patches, and must save the same tensors as its forward did.
 
     ``claim(x)`` is asked in backward about the saved input: True says that ``x`` is the caller's alone (a session
     says so for a span it decoded for this backward and nothing else holds), and the layer then writes the input's

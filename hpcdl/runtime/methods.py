@@ -18,9 +18,9 @@ training), :meth:`ActivationMethod.context` is the context a forward runs in and
 :meth:`ActivationMethod.observe_gradients` runs once the gradients are final, only for a method whose
 :meth:`ActivationMethod.wants_gradients` says so (a Codec whose policy's controller asks for
 gradient statistics). Methods compose like PyTorch's memory context managers:
-``Recompute(blocks) + Codec(policy)`` recomputes the blocks and compresses what the recomputing
-model still saves (the non-reentrant checkpoint saves each block's inputs outside its own hooks, so
-the session's hooks pack them) and everything outside the blocks.
+``Recompute(blocks) + Codec(policy)`` recomputes the blocks and compresses everything outside them,
+each block's inputs, and what each block's recomputation saves in backward
+(:mod:`hpcdl.runtime.recompute`; ``Recompute`` alone is ``torch.utils.checkpoint``, non-reentrant).
 
 Why here, in the runtime layer: the trainer (``hpcdl.train``) and the measurement package
 (``hpcdl.memory``) must both run exactly this step, and ``hpcdl.memory`` sits below the trainer,
@@ -43,7 +43,7 @@ import torch.utils.checkpoint
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES
 from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES
 from hpcdl.runtime.policy import Policy, as_policy
-from hpcdl.runtime.session import DEFAULT_THRESHOLD, compressed
+from hpcdl.runtime.session import DEFAULT_THRESHOLD, active_session, compressed
 from hpcdl.runtime.stats import Stats
 
 
@@ -185,6 +185,9 @@ class Recompute(ActivationMethod):
                 forward = block.forward
 
                 def recomputed(*args, _forward=forward, **kwargs):
+                    session = active_session()
+                    if session is not None and session.policy is not None:
+                        return session.recompute(_forward, *args, **kwargs)
                     return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False, **kwargs)
 
                 block.forward = recomputed

@@ -30,6 +30,10 @@ finalizer on each decoded storage, and their peak). Packed data
 lives in entries owned by the handles autograd holds, so it is freed as soon
 as autograd drops the graph (after backward) or when :meth:`Session.release`
 is called.
+
+:meth:`Session.recompute` runs a block whose forward is recomputed in backward,
+with what the recomputation saves packed by this session too
+(:mod:`hpcdl.runtime.recompute`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -50,6 +55,7 @@ from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_st
 from hpcdl.runtime.concat import concat_gradients
 from hpcdl.runtime.observe import OUTSIDE, ModuleTracker
 from hpcdl.runtime.policy import Policy, as_policy
+from hpcdl.runtime.recompute import RecomputedBlock
 from hpcdl.runtime.stats import Row, Stats
 
 DEFAULT_THRESHOLD = 64 * 1024
@@ -220,6 +226,10 @@ def _ref(entry: _Entry, footprint: Footprint) -> _SavedRef:
     return _MemberRef(entry, footprint) if entry.slot is not None else _SavedRef(entry, footprint)
 
 
+def _hold(saved: _SavedRef) -> None:
+    """A finalizer's callback, whose only job was to hold ``saved`` until it ran."""
+
+
 def _verify(codec: Codec, original: torch.Tensor, restored: torch.Tensor) -> None:
     """Check one decoded span against its original by the codec's own guarantee."""
     if restored.shape != original.shape or restored.dtype != original.dtype:
@@ -254,7 +264,10 @@ class Session:
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
+        self.recompute_stats = Stats()  # what recomputed blocks packed in backward (see :meth:`recompute`)
+        self._chunk_bytes = chunk_bytes
         self._chunked = chunked_layers(model, chunk_bytes, self._hooks_innermost, self._claim_decoded)
+        self._forward_step = 0  # the policy's step during this forward, for recomputations after it
         self._concat = concat_gradients(model)
         self._state = "new"
 
@@ -268,6 +281,8 @@ class Session:
                 "(to compress parts of a model differently, use one session with Policy.per_module)"
             )
         self._storages = ModelStorages(self.model)
+        if self.policy is not None:
+            self._forward_step = self.policy.step
         if self.policy is not None:  # the controller may watch the forward (an adaptive one captures probe inputs)
             self._watch = self.policy.watch(self.model, self.threshold)
         self._watch.__enter__()
@@ -275,7 +290,7 @@ class Session:
         self._concat.__enter__()
         self._modules = ModuleTracker(self.model).__enter__()
         self._seal_hook = self.model.register_forward_hook(lambda *_: self._arenas.seal_all(), always_call=True)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         self._hooks.__enter__()
         _active.session = self
         self._state = "open"
@@ -312,6 +327,52 @@ class Session:
         for entry in list(self._entries):
             entry.release()
 
+    # -- recomputed blocks -----------------------------------------------------------------------------------
+    def recompute(self, forward: Callable, *args, **kwargs):
+        """``forward(*args, **kwargs)`` as a block recomputed in backward, whose recomputed tensors this session
+        packs too (:mod:`hpcdl.runtime.recompute`). Call it inside the session's forward, in place of
+        ``torch.utils.checkpoint``; without a policy it still recomputes, keeping what it saves as it is."""
+        if self._state != "open":
+            raise RuntimeError("Session.recompute runs a block inside the session's forward (its `with` block)")
+        return RecomputedBlock(self, self._modules.current, forward, args, kwargs).run(args)
+
+    @contextlib.contextmanager
+    def recomputing(self, module: str) -> Iterator[None]:
+        """The context of a block's recomputation in backward: the session's module names (starting inside
+        ``module``), chunked layers and forward step as in the forward, the statistics in :attr:`recompute_stats`.
+        The caller pushes the hooks that call :meth:`pack`."""
+        modules = ModuleTracker(self.model)
+        modules.stack.append(module)
+        modules.windows.append(None)
+        forward_modules, forward_stats = self._modules, self.stats
+        step = self.policy.step if self.policy is not None else None
+        self._modules, self.stats = modules, self.recompute_stats
+        if self.policy is not None:
+            self.policy.step = self._forward_step
+        try:
+            with modules, chunked_layers(self.model, self._chunk_bytes, self._hooks_innermost, self._claim_decoded):
+                yield
+            self._arenas.seal_all()
+        finally:
+            self._modules, self.stats = forward_modules, forward_stats
+            if self.policy is not None:
+                self.policy.step = step
+            self._by_storage.clear()
+
+    def unpack_once(self, saved):
+        """:meth:`unpack` for a handle its holder drops now (a recomputed block's placeholder). A decoded handle
+        then lives on while its tensor does, as autograd holds a saved tensor through its consumer's backward, so
+        that the handle counts :meth:`_claim_decoded` reads stay true."""
+        tensor = self.unpack(saved)
+        if isinstance(saved, _SavedRef) and saved.entry.packed is not None:
+            # the entry holds its decoded span weakly, so this does not keep the span alive in turn
+            weakref.finalize(tensor.untyped_storage(), _hold, saved)
+        return tensor
+
+    def share(self, saved):
+        """Another handle on what :meth:`pack` returned (``saved``), for the same tensor saved again."""
+        return _ref(saved.entry, saved.footprint) if isinstance(saved, _SavedRef) else saved
+
     # -- saved-tensor hooks ---------------------------------------------------------------------------------
     def _hooks_innermost(self) -> bool:
         """Whether this session's hooks are the ones autograd applies now (not a checkpointed region's).
@@ -321,7 +382,10 @@ class Session:
         """
         top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
         hooks = top_hooks(False) if top_hooks is not None else None
-        return hooks is not None and hooks[0] == self._pack
+        if hooks is None:
+            return False
+        owner = getattr(hooks[0], "__self__", None)  # this session, or one of its recomputed blocks
+        return owner is self or getattr(owner, "session", None) is self
 
     def _claim_decoded(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor`` is a whole span this session decoded and nothing else holds. If so, the session
@@ -336,7 +400,8 @@ class Session:
             return False
         return any(entry.give_up_decoded(storage) for entry in list(self._entries))
 
-    def _pack(self, tensor: torch.Tensor):
+    def pack(self, tensor: torch.Tensor):
+        """The session's pack hook: what autograd holds for ``tensor`` (see the module docstring)."""
         if not is_plain_strided(tensor):
             return tensor
         kind = kind_of(tensor)
@@ -454,7 +519,8 @@ class Session:
             stacklevel=2,
         )
 
-    def _unpack(self, saved):
+    def unpack(self, saved):
+        """The session's unpack hook: the tensor ``saved`` (what :meth:`pack` returned) stands for."""
         if isinstance(saved, _SavedRef):
             return saved.unpack()
         return saved
