@@ -17,9 +17,10 @@ sample (five stride-4 maps), which set the peak of ``recompute+sz`` (``docs/resu
 
 The recomputation must save the same tensors in the same order as the forward (a deterministic block); a
 different count, shape or dtype raises :class:`RecomputationError`. A retained graph's second backward
-recomputes again. The session's statistics keep counting what the forward saved (the blocks' inputs and
-everything outside the blocks); what a recomputation packs is counted in its own :class:`~hpcdl.runtime.stats.Stats`
-(``Session.recompute_stats``), since it is held only while its block's backward runs.
+recomputes again. The session's statistics rows keep counting what the forward saved (the blocks' inputs and
+everything outside the blocks); what a recomputation packs is counted in the rows of ``Session.recompute_stats``,
+since it is held only while its block's backward runs. Decoded bytes are counted in the step's statistics, as
+any decoded tensor alive in backward.
 
 This module holds no reference to the session's types: the session passes itself (``pack``, ``unpack``,
 ``recomputing``) and recognises its blocks' hooks through their ``session`` attribute.

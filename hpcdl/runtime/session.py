@@ -264,7 +264,8 @@ class Session:
         self._storages: ModelStorages | None = None
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._watch: contextlib.AbstractContextManager = contextlib.nullcontext()
-        self.recompute_stats = Stats()  # what recomputed blocks packed in backward (see :meth:`recompute`)
+        self.recompute_stats = Stats()  # the rows of what recomputed blocks packed in backward (:meth:`recompute`)
+        self._rows = self.stats  # where pack counts tensors: the step's rows, or recompute_stats while recomputing
         self._chunk_bytes = chunk_bytes
         self._chunked = chunked_layers(model, chunk_bytes, self._hooks_innermost, self._claim_decoded)
         self._forward_step = 0  # the policy's step during this forward, for recomputations after it
@@ -339,14 +340,15 @@ class Session:
     @contextlib.contextmanager
     def recomputing(self, module: str) -> Iterator[None]:
         """The context of a block's recomputation in backward: the session's module names (starting inside
-        ``module``), chunked layers and forward step as in the forward, the statistics in :attr:`recompute_stats`.
-        The caller pushes the hooks that call :meth:`pack`."""
+        ``module``), chunked layers and forward step as in the forward; what it packs is counted in the rows of
+        :attr:`recompute_stats`, and the bytes decoded from it in :attr:`stats` (decoded tensors alive in backward,
+        whichever pass packed them). The caller pushes the hooks that call :meth:`pack`."""
         modules = ModuleTracker(self.model)
         modules.stack.append(module)
         modules.windows.append(None)
-        forward_modules, forward_stats = self._modules, self.stats
+        forward_modules = self._modules
         step = self.policy.step if self.policy is not None else None
-        self._modules, self.stats = modules, self.recompute_stats
+        self._modules, self._rows = modules, self.recompute_stats
         if self.policy is not None:
             self.policy.step = self._forward_step
         try:
@@ -354,7 +356,7 @@ class Session:
                 yield
             self._arenas.seal_all()
         finally:
-            self._modules, self.stats = forward_modules, forward_stats
+            self._modules, self._rows = forward_modules, self.stats
             if self.policy is not None:
                 self.policy.step = step
             self._by_storage.clear()
@@ -409,10 +411,10 @@ class Session:
             return tensor
         module = self._modules.current
         if self._storages.owns(tensor):
-            self.stats.row(module, "parameter").count += 1
+            self._rows.row(module, "parameter").count += 1
             return tensor
         footprint = Footprint.of(tensor)
-        row = self.stats.row(module, kind)
+        row = self._rows.row(module, kind)
         row.count += 1
         key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor._version)
         shared = self._find_shared(key, tensor, footprint)
