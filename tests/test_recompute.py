@@ -176,3 +176,15 @@ def test_an_input_changed_in_place_after_the_block_ran_is_refused():
         hidden.add_(1.0)  # kept as it is (under the size threshold), so the change would go unnoticed
     with pytest.raises(RecomputationError, match="modified in place"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("codec", [None, "raw"], ids=["checkpoint", "session"])
+def test_a_recomputation_updates_batch_norm_statistics_once(codec):
+    """Running mean, variance and batch counter after a recomputed step are those of a plain step: the
+    recomputation repeats the forward, and its second update is undone."""
+    plain, recomputed = blocks_cnn(), blocks_cnn()
+    gradients(plain)
+    method = recompute_both(recomputed)
+    gradients(recomputed, method if codec is None else method + Codec(codec, threshold=0))
+    for (name, want), got in zip(plain.named_buffers(), recomputed.buffers()):
+        assert torch.equal(got, want), name

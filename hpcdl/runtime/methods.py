@@ -43,6 +43,7 @@ import torch.utils.checkpoint
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES
 from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES
 from hpcdl.runtime.policy import Policy, as_policy
+from hpcdl.runtime.recompute import buffers_kept
 from hpcdl.runtime.session import DEFAULT_THRESHOLD, active_session, compressed
 from hpcdl.runtime.stats import Stats
 
@@ -159,7 +160,9 @@ class Recompute(ActivationMethod):
 
     ``blocks`` is a list of modules of the model, or a function ``model -> list of modules`` (default
     :func:`model_blocks`; pass ``ModelFamily.blocks`` for a zoo model). The blocks are wrapped only
-    while the context is open, so the model is left as it was (evaluation runs it plainly).
+    while the context is open, so the model is left as it was (evaluation runs it plainly). A block's
+    buffers are put back after its recomputation, so batch norms update their running statistics once a
+    step, as without recomputation (plain ``torch.utils.checkpoint`` updates them twice).
     """
 
     blocks: Sequence[torch.nn.Module] | Callable[[torch.nn.Module], Sequence[torch.nn.Module]] = model_blocks
@@ -184,11 +187,13 @@ class Recompute(ActivationMethod):
                 own = "forward" in vars(block)
                 forward = block.forward
 
-                def recomputed(*args, _forward=forward, **kwargs):
+                def recomputed(*args, _forward=forward, _block=block, **kwargs):
                     session = active_session()
                     if session is not None and session.policy is not None:
                         return session.recompute(_forward, *args, **kwargs)
-                    return torch.utils.checkpoint.checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+                    return torch.utils.checkpoint.checkpoint(
+                        _forward, *args, use_reentrant=False,
+                        context_fn=lambda: (contextlib.nullcontext(), buffers_kept(_block)), **kwargs)
 
                 block.forward = recomputed
                 patched.append((block, own, forward))

@@ -10,7 +10,8 @@ sample (five stride-4 maps), which set the peak of ``recompute+sz`` (``docs/resu
 - forward: the session packs the block's tensor inputs (what a checkpoint must keep); each tensor the
   block's own operations save becomes a :class:`Placeholder` (its position in the order they were saved);
 - backward, at the first placeholder unpacked: the block's forward runs again from the unpacked inputs,
-  with the forward's random-generator and autocast states, under the session's saved-tensor hooks
+  with the forward's random-generator and autocast states (and the block's buffers put back afterwards, so a
+  batch norm's running statistics are updated once a step, not twice), under the session's saved-tensor hooks
   (:meth:`Session.recomputing`), so each tensor it saves is packed as in a forward (compressed, shared with
   an earlier view, or put into an arena) and held packed. A placeholder's unpack decodes its tensor then,
   and drops the packed copy.
@@ -144,6 +145,19 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
             and a.shape == b.shape and a.stride() == b.stride() and a.storage_offset() == b.storage_offset())
 
 
+@contextlib.contextmanager
+def buffers_kept(module: object) -> Iterator[None]:
+    """Leaves ``module``'s buffers (if it is a module) as they were before the context: a recomputation repeats
+    a forward, and must not update a batch norm's running statistics (and its batch counter) a second time."""
+    buffers = [(buffer, buffer.clone()) for buffer in module.buffers()] if isinstance(module, torch.nn.Module) else []
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, before in buffers:
+                buffer.copy_(before)
+
+
 class _Recomputation:
     """One recomputation of a block in backward: its forward again, each saved tensor packed by the session."""
 
@@ -163,6 +177,7 @@ class _Recomputation:
             for device_type, (enabled, dtype) in block.autocast.items():
                 stack.enter_context(torch.autocast(device_type, dtype=dtype, enabled=enabled))
             stack.enter_context(torch.enable_grad())
+            stack.enter_context(buffers_kept(getattr(block.fn, "__self__", None)))
             inputs = tuple(block.inputs(self.inputs))
             stack.enter_context(self.session.recomputing(block.module))
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack))
