@@ -18,8 +18,9 @@ A method is one way of holding the activations autograd saves for backward:
     benchmarks share, so a policy spec the runtime learns (such as an adaptive policy's) is a method
     here with no change to this module.
 ``recompute+POLICY``, ``recompute+offload``
-    recomputation combined with compression or offloading of what the recomputing model still saves
-    (``compression.method=recompute+codec`` / ``recompute+offload``).
+    recomputation combined with compression (of what the model saves, the recomputation included) or
+    offloading (of what the recomputing model still saves) (``compression.method=recompute+codec`` /
+    ``recompute+offload``).
 
 This module turns a spec into the trainer's config overrides (:meth:`Method.overrides`, what the
 study runs) or into the runtime's activation method object (:meth:`Method.activation_method`, what

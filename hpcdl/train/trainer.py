@@ -16,7 +16,8 @@ runs under the configured activation method (an object of
 - ``offload``: saved tensors moved to pinned host memory
   (``torch.autograd.graph.save_on_cpu``), CUDA only;
 - ``recompute+codec``, ``recompute+offload``: the blocks recomputed, and what
-  the recomputing model still saves (block inputs, the rest) compressed or offloaded.
+  the model saves (block inputs, the rest; with a codec also what each block's
+  recomputation saves) compressed or offloaded.
 
 The step itself is :func:`hpcdl.runtime.methods.train_step`, the same function
 the batch search (:mod:`hpcdl.memory`) measures, with this run's optimizer.

@@ -64,7 +64,7 @@ print(f"{spec}, batch {batch}: backward peak {events[peak][3] / MiB:.0f} MiB all
       f"{forward_peak / MiB:.0f} MiB), during {' > '.join(events[peak][4][-5:])}")
 groups, counts = collections.Counter(), collections.Counter()
 for size, stack in alive.values():
-    key = " > ".join(stack[-4:]) or "(outside any op)"
+    key = " > ".join(stack[-9:]) or "(outside any op)"  # deep enough to tell a recomputation from a forward
     groups[key] += size
     counts[key] += 1
 for key, size in groups.most_common(12):
