@@ -9,6 +9,7 @@ import torch
 
 from hpcdl import memory
 from hpcdl.cli import main
+from hpcdl.memory.peak import measure_step
 
 from runtime_models import allocating_setup, wide_cnn_batch
 
@@ -97,3 +98,32 @@ def test_peak_on_cuda_uses_the_allocator():
     compressed = memory.peak(memory.TrainStep(SMALL_CNN, 16, "sz:rel=1e-2", device="cuda"))
     assert baseline.method == "cuda_max_allocated" and baseline.peak_bytes > 0
     assert compressed.peak_bytes < baseline.peak_bytes
+
+
+def _learning_then_usual_setup():
+    """A step that allocates 64 MiB and says it observed gradients twice (a probe), then 8 MiB as usual."""
+    calls = []
+
+    def step():
+        calls.append(1)
+        learning = len(calls) <= 3  # the warm-up and two measured learning steps
+        block = torch.ones((64 if learning else 8) * 2**18)
+        return {"observed_gradients": learning, "sum": float(block.sum())}
+
+    return step
+
+
+def test_learning_steps_are_passed_over_and_their_peak_kept():
+    report = measure_step(_learning_then_usual_setup, torch.device("cpu"))
+    assert report.info["learning_steps"] == 2 and report.info["observed_gradients"] is False
+    assert 7 * MiB <= report.peak_bytes < 12 * MiB  # the usual step's 8 MiB
+    assert 63 * MiB <= report.info["learning_peak_bytes"] < 70 * MiB
+    assert report.worst_bytes == report.info["learning_peak_bytes"]
+
+
+@pytest.mark.slow
+def test_an_adaptive_policy_is_measured_on_a_compressed_step_not_its_probe():
+    with memory.MeasuringProcess() as process:
+        adaptive = memory.peak(memory.TrainStep(SMALL_CNN, 16, "adaptive"), process=process)
+    assert adaptive.info["observed_gradients"] is False  # its first probe ran in the warm-up step
+    assert adaptive.activation_ratio > 2  # the measured step compressed with the probe's decisions

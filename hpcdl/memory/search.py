@@ -75,7 +75,7 @@ def search_batch(
         probes[batch_size] = report
         if on_probe is not None:
             on_probe(batch_size, report)
-        return report.peak_bytes <= budget
+        return report.worst_bytes <= budget  # a run must also fit its learning steps (an adaptive policy's probes)
 
     try:
         good, bad = 0, None

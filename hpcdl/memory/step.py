@@ -190,6 +190,7 @@ class TrainStep:
                 "activation_original_bytes": stats.original_bytes if stats else 0,
                 "activation_packed_bytes": stats.packed_bytes if stats else 0,
                 "step_function": name,
+                "observed_gradients": result.observed_gradients,
                 "method": method.describe(),
                 "parts": asdict(probe.parts(model, optimizer, (x, y), gradients, stats)),
             }

@@ -309,10 +309,13 @@ def _final_after_backward(optimizer: torch.optim.Optimizer) -> contextlib.Abstra
 # -- the step -------------------------------------------------------------------------------------------
 @dataclass
 class StepResult:
-    """What one :func:`train_step` gives back: the loss (detached) and the method's saved-tensor Stats (or None)."""
+    """What one :func:`train_step` gives back: the loss (detached), the method's saved-tensor Stats (or None),
+    and whether the method observed this step's gradients (a learning controller's sampling or probe step,
+    whose memory and time are not those of its other steps)."""
 
     loss: torch.Tensor
     stats: Stats | None
+    observed_gradients: bool = False
 
 
 def train_step(
@@ -343,7 +346,8 @@ def train_step(
     with method.context(model) as stats:
         loss = loss_fn((forward or model)(x), y)
     loss.backward()
-    if method.wants_gradients():
+    observed = method.wants_gradients()
+    if observed:
         with (reduced_gradients or _final_after_backward)(optimizer):
             method.observe_gradients(model)
             optimizer.step()
@@ -351,4 +355,4 @@ def train_step(
         optimizer.step()
     if scheduler is not None:
         scheduler.step()
-    return StepResult(loss.detach(), stats)
+    return StepResult(loss.detach(), stats, observed)
