@@ -221,6 +221,20 @@ def allocating_setup(mebibytes: int):
     return step
 
 
+def learning_then_usual_setup():
+    """A setup for hpcdl.memory.peak whose step allocates 64 MiB and says it observed gradients (as a probe
+    step does) for its first three calls (the warm-up and two measured steps), then allocates 8 MiB."""
+    calls = []
+
+    def step() -> dict:
+        calls.append(1)
+        learning = len(calls) <= 3
+        block = torch.ones((64 if learning else 8) * 2**18)
+        return {"observed_gradients": learning, "sum": float(block.sum())}
+
+    return step
+
+
 class SaveForBackward(torch.autograd.Function):
     """Saves its second argument for backward as it is: the pack hook sees exactly that tensor or view."""
 

@@ -9,9 +9,8 @@ import torch
 
 from hpcdl import memory
 from hpcdl.cli import main
-from hpcdl.memory.peak import measure_step
 
-from runtime_models import allocating_setup, wide_cnn_batch
+from runtime_models import allocating_setup, learning_then_usual_setup, wide_cnn_batch
 
 MiB = 2**20
 SMALL_CNN = memory.Workload(
@@ -100,21 +99,8 @@ def test_peak_on_cuda_uses_the_allocator():
     assert compressed.peak_bytes < baseline.peak_bytes
 
 
-def _learning_then_usual_setup():
-    """A step that allocates 64 MiB and says it observed gradients twice (a probe), then 8 MiB as usual."""
-    calls = []
-
-    def step():
-        calls.append(1)
-        learning = len(calls) <= 3  # the warm-up and two measured learning steps
-        block = torch.ones((64 if learning else 8) * 2**18)
-        return {"observed_gradients": learning, "sum": float(block.sum())}
-
-    return step
-
-
 def test_learning_steps_are_passed_over_and_their_peak_kept():
-    report = measure_step(_learning_then_usual_setup, torch.device("cpu"))
+    report = memory.peak(learning_then_usual_setup)  # a fresh, allocator-tuned process, as every CPU peak
     assert report.info["learning_steps"] == 2 and report.info["observed_gradients"] is False
     assert 7 * MiB <= report.peak_bytes < 12 * MiB  # the usual step's 8 MiB
     assert 63 * MiB <= report.info["learning_peak_bytes"] < 70 * MiB
