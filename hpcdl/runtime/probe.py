@@ -45,6 +45,7 @@ from torch import nn
 from hpcdl.compress.entropy import with_stage
 from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
+from hpcdl.runtime.recompute import buffers_kept
 from hpcdl.runtime.session import compressed
 from hpcdl.runtime.trials import Trial, sample, trial, whole_bytes
 
@@ -303,15 +304,12 @@ class Replayer:
     @contextlib.contextmanager
     def restored(self) -> Iterator[None]:
         """Around all replays of one probe: the buffers and RNG state of now come back afterwards."""
-        buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         try:
-            yield
+            with buffers_kept(self.model):
+                yield
         finally:
-            with torch.no_grad():
-                for buffer, saved in buffers:
-                    buffer.copy_(saved)
             torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
