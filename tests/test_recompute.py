@@ -6,6 +6,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hpcdl
+from hpcdl.runtime import SavedTensorModifiedError
 from hpcdl.runtime.methods import Codec, Recompute, train_step
 from hpcdl.runtime.recompute import RecomputationError
 
@@ -174,7 +175,7 @@ def test_an_input_changed_in_place_after_the_block_ran_is_refused():
         out = block(hidden)
     with torch.no_grad():
         hidden.add_(1.0)  # kept as it is (under the size threshold), so the change would go unnoticed
-    with pytest.raises(RecomputationError, match="modified in place"):
+    with pytest.raises(SavedTensorModifiedError, match="modified in place"):
         out.sum().backward()
 
 

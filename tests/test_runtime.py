@@ -18,6 +18,7 @@ from hpcdl.runtime import (
     Controller,
     Policy,
     ReleasedError,
+    SavedTensorModifiedError,
     VerificationError,
     compressed,
     config_from_spec,
@@ -447,3 +448,18 @@ def test_top_level_names_and_retain_graph():
     loss.backward()
     assert session.live_entries == 0
     _assert_identical({k: 2 * v for k, v in expected.items()}, {n: p.grad for n, p in model.named_parameters()})
+
+
+@pytest.mark.parametrize("threshold,policy", [(1 << 20, "raw"), (0, Policy.static(None))],
+                         ids=["small-kept", "large-kept-by-the-policy"])
+def test_a_kept_tensor_modified_in_place_before_backward_is_refused(threshold, policy):
+    """PyTorch refuses a tensor it saved that changed in place before backward; a session that keeps the tensor
+    uncompressed must refuse it too, or backward silently computes gradients from the changed values."""
+    layer = nn.Linear(4, 4)
+    hidden = torch.randn(3, 4, requires_grad=True) * 2.0
+    with hpcdl.compressed(layer, policy, threshold=threshold, arena_bytes=0):
+        out = layer(hidden)
+    with torch.no_grad():
+        hidden.add_(1.0)
+    with pytest.raises(SavedTensorModifiedError, match="modified in place"):
+        out.sum().backward()

@@ -256,6 +256,11 @@ class Policy:
             config = self.controller.choose(info)
         return None if config is None else self.codec(config)
 
+    def counted_bytes(self, tensor: torch.Tensor, nbytes: int) -> int:
+        """The bytes a saved tensor counts for against the session's size threshold: its own ``nbytes``
+        (a probe's replay of part of a batch counts more: :class:`hpcdl.runtime.probe.RecordingPolicy`)."""
+        return nbytes
+
     def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None) -> SavedTensorInfo:
         return SavedTensorInfo(module, kind, tuple(tensor.shape), tensor.dtype, self.step, self.grad_stats, window)
 

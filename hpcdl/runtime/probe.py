@@ -210,8 +210,15 @@ class RecordingPolicy(Policy):
         self.perturb = perturb or {}  # slot -> the codec config it is compressed with (the rest kept exact)
         self.slots: dict[str, SlotRecord] = {}
         self.whole_numel = whole_numel or {}  # slot -> its element count in the training step (of the whole batch)
-        self.sub_batch = False  # set by the Replayer: this replay runs on part of the batch
+        self.rows, self.scale = 0, 1.0  # set by the Replayer: replayed samples (0: all), whole batch / rows
         self._key = ""
+
+    def counted_bytes(self, tensor: torch.Tensor, nbytes: int) -> int:
+        """A tensor of the replayed sub-batch (its first dimension a multiple of the replayed rows) counts at
+        the whole batch's size, so that the replay keeps, shares and names tensors as the training step did."""
+        if self.rows and tensor.dim() and tensor.shape[0] % self.rows == 0:
+            return round(nbytes * self.scale)
+        return nbytes
 
     def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None) -> SavedTensorInfo:
         if kind == "activation":
@@ -242,7 +249,7 @@ class RecordingPolicy(Policy):
             record.sizes = [whole_bytes(self.codec(with_stage(sz_abs(rel * record.value_range), self.entropy))
                                         .encode(part), source, part) for rel in self.size_rels]
         record.trials = [trial(config, source, self.codec, self.threshold, self.entropy) for config in self.candidates]
-        if self.sub_batch and self.whole_numel.get(self._key, record.numel) != record.numel:
+        if self.rows and self.whole_numel.get(self._key, record.numel) != record.numel:
             factor = self.whole_numel[self._key] / record.numel  # a sub-batch of a tensor of the whole batch
             record.numel, record.nbytes = round(record.numel * factor), round(record.nbytes * factor)
             record.nonzero = round(record.nonzero * factor)
@@ -294,9 +301,10 @@ class Replayer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         batch = capture.batch_rows()
         self.scale = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
+        self.rows = 0  # the replayed samples when they are part of the batch
         self.args, self.kwargs, self.output_grads = capture.args, capture.kwargs, capture.output_grads
         if rows and batch and rows < batch:
-            self.scale = batch / rows
+            self.scale, self.rows = batch / rows, rows
             self.args, self.kwargs = _first_rows(capture.args, rows), _first_rows(capture.kwargs, rows)
             self.output_grads = {index: grad[:rows] for index, grad in capture.output_grads.items()}
 
@@ -321,7 +329,7 @@ class Replayer:
         if capture.cuda_rng is not None:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
         watching = _layer_calls(self.model, layer_calls) if layer_calls is not None else contextlib.nullcontext()
-        policy.sub_batch = self.scale != 1.0
+        policy.rows, policy.scale = self.rows, self.scale
         with torch.enable_grad(), watching:
             with compressed(self.model, policy, threshold=capture.threshold) as session:
                 outputs = _tensors(self.model(*self.args, **self.kwargs))

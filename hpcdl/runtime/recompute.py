@@ -39,7 +39,7 @@ from hpcdl.errors import HpcdlRunError
 
 
 class RecomputationError(HpcdlRunError, RuntimeError):
-    """A block's recomputation did not save what its forward saved, or its saved input changed in place."""
+    """A block's recomputation did not save what its forward saved."""
 
 
 class _Packer(Protocol):
@@ -68,14 +68,11 @@ class Placeholder:
 class _Input:
     """A tensor argument of a block: what the session packed, and what recomputation must give the block again."""
 
-    __slots__ = ("saved", "requires_grad", "version", "tensor_kept")
+    __slots__ = ("saved", "requires_grad")
 
     def __init__(self, session: _Packer, tensor: torch.Tensor):
-        self.saved = session.pack(tensor)
+        self.saved = session.pack(tensor)  # a kept tensor changed in place is refused by the session's unpack
         self.requires_grad = tensor.requires_grad
-        # a tensor the session kept as it is (not a copy) must not change before backward reads it again
-        self.tensor_kept = self.saved is tensor
-        self.version = tensor._version
 
 
 class RecomputedBlock:
@@ -124,11 +121,7 @@ class RecomputedBlock:
             if not isinstance(arg, _Input):
                 yield arg
                 continue
-            if arg.tensor_kept and arg.saved._version != arg.version:
-                raise RecomputationError(
-                    "an input of a recomputed block was modified in place after the block ran, so backward "
-                    "cannot recompute it; do not modify a block's input in place, or run it without recompute")
-            tensor = arg.saved if arg.tensor_kept else self.session.unpack(arg.saved)
+            tensor = self.session.unpack(arg.saved)
             tensor = tensor.detach().requires_grad_(arg.requires_grad)
             unpacked.append((tensor, arg.saved))
             yield tensor

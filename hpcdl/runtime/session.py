@@ -75,6 +75,11 @@ class ReleasedError(HpcdlRunError, RuntimeError):
     """Backward asked for a saved tensor whose packed data was already released."""
 
 
+class SavedTensorModifiedError(HpcdlRunError, RuntimeError):
+    """A tensor the session kept as it is for backward was modified in place before backward read it (PyTorch
+    refuses the same for the tensors it saves itself; a packed copy is not affected)."""
+
+
 class _Entry:
     """One packed view (its storage span, or its distinct elements), shared by every handle that saved a view it holds.
 
@@ -85,8 +90,9 @@ class _Entry:
     """
 
     __slots__ = (
-        "codec", "packed", "kept", "copy", "slot", "original", "layout", "storage", "dtype", "device",
-        "row", "stats", "decoded", "decoded_layout", "decoded_finalizer", "handles", "released", "__weakref__",
+        "codec", "packed", "kept", "kept_version", "copy", "slot", "original", "layout", "storage", "dtype",
+        "device", "row", "stats", "decoded", "decoded_layout", "decoded_finalizer", "handles", "released",
+        "__weakref__",
     )
 
     def __init__(self, tensor: torch.Tensor, layout: Layout, row: Row, stats: Stats):
@@ -97,6 +103,7 @@ class _Entry:
         self.codec: Codec | None = None
         self.packed: Packed | None = None
         self.kept: torch.Tensor | None = None
+        self.kept_version = tensor._version  # what ``kept`` must still be at when backward reads it
         self.copy: torch.Tensor | None = None
         self.slot: Slot | None = None
         self.original: torch.Tensor | None = None
@@ -130,6 +137,11 @@ class _Entry:
                 "backward used it); run loss.backward() first and release afterwards, or do not call release()"
             )
         if self.kept is not None:
+            if self.kept._version != self.kept_version:
+                raise SavedTensorModifiedError(
+                    f"a {tuple(self.kept.shape)} {self.kept.dtype} tensor saved for backward (kept uncompressed) was "
+                    "modified in place after it was saved, so backward would compute wrong gradients; do not modify "
+                    "it in place (use the out-of-place op), or compress it (a packed copy is not affected)")
             return torch.as_strided(self.kept, footprint.size, footprint.stride, footprint.offset)
         if self.slot is not None:
             base = self.slot.values()
@@ -423,26 +435,34 @@ class Session:
             return _ref(shared, footprint)
         layout = Layout.of(footprint)
         nbytes = layout.numel * tensor.element_size()
-        if nbytes < self.threshold:
-            entry = self._arena_entry(tensor, layout, module, kind, row)
-            if entry is not None:
-                self._entries.add(entry)
-                self._by_storage.setdefault(key, []).append(weakref.ref(entry))
-                return _MemberRef(entry, footprint)
-            row.kept += 1
-            row.original += nbytes
-            row.packed += nbytes
-            if tensor.untyped_storage().nbytes() <= 2 * nbytes:
-                return tensor
-            # a small view of a much larger storage: a small copy, so that it does not pin the large storage
-            entry = _Entry(tensor, layout, row, self.stats)
-            entry.copy = layout.source(tensor).clone(memory_format=torch.contiguous_format)
-            self._entries.add(entry)
-            return _SavedRef(entry, footprint)
-        entry = self._new_entry(tensor, layout, module, kind, row)
+        if self._counted_bytes(tensor, nbytes) < self.threshold:
+            entry = self._arena_entry(tensor, layout, module, kind, row) or self._small_kept_entry(tensor, layout, row)
+        else:
+            entry = self._new_entry(tensor, layout, module, kind, row)
+        # Every entry, kept ones too, is found by a later save of the same tensor: which tensors share (and so
+        # which the policy is asked about) must not depend on what the policy chose for them.
         self._entries.add(entry)
         self._by_storage.setdefault(key, []).append(weakref.ref(entry))
-        return _SavedRef(entry, footprint)
+        return _ref(entry, footprint)
+
+    def _counted_bytes(self, tensor: torch.Tensor, nbytes: int) -> int:
+        """The bytes ``tensor`` counts for against the size threshold (a probe replaying part of the batch counts
+        them at the whole batch's size: :meth:`Policy.counted_bytes`)."""
+        return self.policy.counted_bytes(tensor, nbytes) if self.policy is not None else nbytes
+
+    def _small_kept_entry(self, tensor: torch.Tensor, layout: Layout, row: Row) -> _Entry:
+        """A small tensor no arena takes, kept as it is (or, a small view of a much larger storage, as a small
+        copy, so that it does not pin the large storage)."""
+        nbytes = layout.numel * tensor.element_size()
+        row.kept += 1
+        row.original += nbytes
+        row.packed += nbytes
+        entry = _Entry(tensor, layout, row, self.stats)
+        if tensor.untyped_storage().nbytes() <= 2 * nbytes:
+            entry.kept = tensor
+        else:
+            entry.copy = layout.source(tensor).clone(memory_format=torch.contiguous_format)
+        return entry
 
     def _find_shared(self, key: tuple, tensor: torch.Tensor, footprint: Footprint) -> _Entry | None:
         for ref in self._by_storage.get(key, ()):
