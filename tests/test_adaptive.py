@@ -18,8 +18,8 @@ from torch import nn
 
 import hpcdl
 from hpcdl.bench.gradients import attention_reproduction, batchnorm_reproduction
-from hpcdl.runtime import Policy, PolicySpecError, policy_from_spec
-from hpcdl.runtime.adaptive import TIMING_FIELDS
+from hpcdl.runtime import Policy, PolicySpecError, adaptive, policy_from_spec
+from hpcdl.runtime.adaptive import COST_FIELDS
 from hpcdl.runtime.fidelity import gradient_cosine, step_gradients
 from hpcdl.runtime.methods import Codec, train_step
 from hpcdl.runtime.probe import RecordingPolicy
@@ -100,6 +100,75 @@ def test_the_probe_replays_a_sub_batch_and_counts_the_whole_batchs_bytes():
         model(x)
     for key, slot in policy.controller.slots.items():
         assert (slot.numel, slot.nbytes) == (whole.slots[key].numel, whole.slots[key].nbytes), key
+
+
+def _first_probe(model, x, loss_fn):
+    policy = Policy.adaptive()
+    _gradients(model, x, loss_fn, policy)
+    controller = policy.controller
+    assert controller.probes == 1
+    return controller, controller.report()
+
+
+def test_the_first_probe_confirms_every_linear_and_conv_input_in_one_replay(monkeypatch):
+    """A CNN's Linear/Conv inputs bend nothing but their layer's weight gradient: one replay with all of them
+    compressed measures each one exactly as a replay of it alone does (the forward is the same, so each slot's
+    error is too), and the probe runs that one replay instead of one per slot."""
+    model, x, loss_fn = _cnn_case()
+    grouped, report = _first_probe(model, x, loss_fn)
+    closed = sorted(key for key, slot in grouped.slots.items() if slot.closed_form)
+    alone = [key for key, slot in grouped.slots.items() if slot.measured_at == 0 and not slot.closed_form]
+    assert len(closed) == 5  # 4 convs and the head
+    assert report["replays"] == 1 + 1 + len(alone)  # the exact replay, the Linear/Conv inputs, the rest one each
+    monkeypatch.setattr(adaptive, "_same_flow", lambda perturbed, exact: False)  # every group looks bent
+    single, report = _first_probe(model, x, loss_fn)
+    assert report["replays"] == 1 + (2 * len(closed) - 1) + len(alone)  # halved down to single slots
+    assert sorted(key for key, slot in single.slots.items() if slot.closed_form) == closed
+    for key in closed:
+        assert grouped.slots[key].calibration == pytest.approx(single.slots[key].calibration, rel=1e-6), key
+
+
+class _TanhMLP(nn.Module):
+    """fc1 -> tanh -> fc2 -> relu -> fc3: the tanh output that fc2 saves is also what tanh's backward reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.fc3(torch.relu(self.fc2(torch.tanh(self.fc1(x)))))
+
+
+def test_a_linear_input_that_bends_the_backward_flow_is_measured_alone():
+    torch.manual_seed(0)
+    # 128 KiB activations (above the size threshold); inputs of scale 10 saturate tanh, so the tanh output's
+    # error moves fc1's gradient more than fc2's
+    x, y = 10 * torch.randn(128, 64), torch.randint(0, 10, (128,))
+    controller, report = _first_probe(_TanhMLP(), x, lambda out: F.cross_entropy(out, y))
+    slots = controller.slots
+    # fc1's input; the tanh and relu outputs, which fc2 and fc3 save again (one slot each, shared)
+    assert list(slots) == ["fc1#0", "(model)#0", "(model)#1"], list(slots)
+    bent = slots["(model)#0"]  # the tanh output: its error reaches fc1 through tanh's backward
+    assert not bent.closed_form and bent.sensitivity.get("fc1", 0) > 0, bent.sensitivity
+    assert slots["fc1#0"].closed_form and slots["(model)#1"].closed_form
+    # the exact replay; all three together; halved: fc1#0 alone, the two outputs together, then each alone
+    assert report["replays"] == 1 + 1 + 1 + 1 + 2
+
+
+@pytest.mark.parametrize("batch", [16, 128], ids=["small-tensors", "probed-on-16-of-128"])
+def test_the_probe_names_the_tensors_the_training_step_saved(batch):
+    """The tanh and relu outputs are saved twice each (by the activation and by the next Linear), so sharing
+    decides the names. At batch 16 every tensor is under the size threshold: training packs them into arenas,
+    the exact replay keeps them; at batch 128 the replay of 16 samples sees tensors 8x smaller than training
+    did. Either way the replay must share and name them as training did, or a slot's bound is measured on a
+    tensor training never compresses that way."""
+    model, x = _TanhMLP(), torch.randn(batch, 64)
+    policy = Policy.adaptive(probe_rows=16)
+    _gradients(model, x, lambda out: out.square().mean(), policy)
+    with hpcdl.compressed(model, policy) as session:  # a training step under the probe's decisions
+        model(x)
+    assert session.stats.total().shared == 2
+    assert list(policy.controller.slots) == ["fc1#0", "(model)#0", "(model)#1"]
 
 
 def test_a_probe_leaves_buffers_gradients_and_random_state_as_a_default_policy_step_does():
@@ -203,7 +272,7 @@ def test_a_training_run_writes_the_controllers_decisions_to_its_metrics(tmp_path
     assert check and all({"predicted", "measured", "grad_sq"} <= set(row) for row in check.values())
     assert 0.2 <= second["check_measured_total"] / second["check_predicted_total"] <= 5
     for record in decisions:  # each report says what the controller cost since the last one, and in all
-        assert set(TIMING_FIELDS) <= set(record)
+        assert set(COST_FIELDS) <= set(record)
         assert 0 < record["controller_seconds"] <= record["wall_seconds"] and 0 < record["controller_fraction"] <= 1
         assert record["controller_seconds_total"] >= record["controller_seconds"]
 
@@ -223,7 +292,7 @@ def test_a_resumed_training_run_decides_what_an_uninterrupted_one_does(tmp_path)
 
     def decisions() -> list[dict]:  # the compression records without their clock times
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        return [{key: value for key, value in record.items() if key not in {"time", *TIMING_FIELDS}}
+        return [{key: value for key, value in record.items() if key not in {"time", *COST_FIELDS}}
                 for record in records if record["kind"] == "compression"]
 
     run_training(config, run_dir=run)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from hpcdl.runtime.adaptive import TIMING_FIELDS
+from hpcdl.runtime.adaptive import COST_FIELDS
 from hpcdl.train import distributed
 
 from adaptive_worker import PROBE_EVERY, STEPS, WORKER
@@ -23,7 +23,7 @@ from mpi_helpers import mpirun_path, run_mpi
 pytestmark = pytest.mark.mpi
 
 def _decisions(report: dict) -> dict:
-    return {key: value for key, value in report.items() if key not in TIMING_FIELDS}
+    return {key: value for key, value in report.items() if key not in COST_FIELDS}
 
 
 @pytest.mark.parametrize("backend", ["torch", "horovod"])
@@ -41,7 +41,7 @@ def test_two_ranks_decide_the_same_bounds_at_every_probe(tmp_path, backend):
     assert [r["step"] for r in second["reports"]] == [r["step"] for r in first["reports"]]
     for one, other in zip(first["reports"], second["reports"]):
         assert _decisions(one) == _decisions(other), f"the ranks decided differently at step {one['step']}"
-        assert set(TIMING_FIELDS) <= set(one)  # every report times the controller
+        assert set(COST_FIELDS) <= set(one)  # every report times the controller
     assert first["state"] == second["state"]
     decided = first["reports"][-1]
     assert any(slot["bound"] > 0 for slot in decided["slots"].values())  # something is compressed

@@ -66,15 +66,20 @@ _NAMED_CHOICES = {"codecs": tuple(FAMILIES), "entropy": ENTROPY_STAGES}  # optio
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
 CLOSED_FORM_TOLERANCE = 2.0
+#: Relative change of a Linear/Conv output gradient's squared norm that counts as a changed backward flow
+#: (_Measurement): unbent, the replays compute the same numbers; bent, they move by about the compression's error.
+FLOW_TOLERANCE = 1e-6
 #: Until a module's gradient variance is estimated (the first probe), it counts as this fraction of the squared
 #: gradient norm: a cautious start, under which the default alpha keeps the cosine to the exact gradient at least
 #: 1 / sqrt(1 + alpha * UNMEASURED_NOISE) = 0.995.
 UNMEASURED_NOISE = 0.1
 #: A bound may grow at most this factor per probe (see decide).
 GROWTH = 2.0
-#: The fields of a report that time the controller (:class:`_Clock`); they differ between runs and ranks.
-TIMING_FIELDS = ("controller_seconds", "wall_seconds", "controller_fraction", "controller_seconds_total",
-                 "controller_fraction_total")
+#: The fields of a report that measure the controller's own cost in this process: its wall time (:class:`_Clock`;
+#: differs between runs and ranks) and the replays its last probe ran (differs between ranks: each confirms its
+#: closed forms on its own batch, see _Measurement).
+COST_FIELDS = ("controller_seconds", "wall_seconds", "controller_fraction", "controller_seconds_total",
+               "controller_fraction_total", "replays")
 #: Bounds are rounded down to a grid of 2^(1/4) steps, so that a long run builds a bounded set of codecs.
 GRID_STEPS_PER_OCTAVE = 4
 
@@ -208,6 +213,7 @@ class AdaptiveController(Controller):
         self.names = SlotNames()
         self.capture: Capture | None = None
         self.clock = _Clock()     # the controller's wall time (not state: it differs between runs)
+        self.replays = 0          # forward+backward replays the last probe ran (not state, like the clock)
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
         self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
@@ -313,18 +319,20 @@ class AdaptiveController(Controller):
                          if key in exact.slots and (config := slot.config()) is not None}
             measured_now = (_deviation(replayer.run(RecordingPolicy(perturb=in_effect)), exact, owners)
                             if in_effect else {})
-            for key in self._to_measure(exact.slots):
-                record = exact.slots[key]
-                if record.trial_mse <= 0:
-                    continue  # nothing sz changes (all zeros): no effect to measure
-                perturbed = replayer.run(RecordingPolicy(perturb={key: sz_abs(record.trial_bound)}))
-                measured = {m: dev / record.trial_mse for m, dev in _deviation(perturbed, exact, owners).items()}
+            # nothing sz changes in an all-zero slot: no effect to measure
+            to_measure = [key for key in self._to_measure(exact.slots) if exact.slots[key].trial_mse > 0]
+            measure = _Measurement(replayer, exact, owners, closed)
+            measure.together([key for key in to_measure if key in closed])
+            for key in to_measure:
+                if key not in closed:
+                    measure.together([key])
+            for key, (sensitivity, calibration) in measure.results.items():
                 slot = self.slots[key]
-                slot.sensitivity, slot.measured_at, slot.measured_bound = measured, self.probes, record.trial_bound
-                slot.closed_form = key in closed and _agrees(closed[key], measured)
-                if slot.closed_form:
-                    slot.calibration = sum(measured.values()) / sum(closed[key].values())
-                    slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
+                slot.sensitivity, slot.closed_form = sensitivity, calibration is not None
+                slot.measured_at, slot.measured_bound = self.probes, exact.slots[key].trial_bound
+                if calibration is not None:
+                    slot.calibration = calibration
+            self.replays = 1 + bool(in_effect) + measure.replays
         for key in list(self.slots):
             if key not in exact.slots:
                 del self.slots[key]  # no longer saved (the model changed)
@@ -381,7 +389,7 @@ class AdaptiveController(Controller):
             record["check_measured_total"] = sum(row["measured"] for row in self.check.values())
         if self.byte_budget():
             record["budget_bytes"], record["predicted_bytes"] = self.byte_budget(), self.predicted_bytes()
-        record.update(self.clock.lap())
+        record.update(self.clock.lap(), replays=self.replays)
         return record
 
     def byte_budget(self) -> float:
@@ -610,6 +618,85 @@ def _closed_forms(exact: Replay) -> dict[str, dict[str, float]]:
             row = forms.setdefault(key, {})
             row[call.module] = row.get(call.module, 0.0) + call.fan_in * call.delta_sq
     return forms
+
+
+class _Measurement:
+    """A probe's perturbed replays: each measured slot's sensitivity, closed forms confirmed in groups.
+
+    A slot that is only a Linear/Conv layer's input bends nothing but that layer's weight gradient: the
+    layer's input gradient is computed from its weight, so the gradients flowing back (every Linear/Conv
+    output gradient, ``delta``) stay exactly what they were. Slots of different layers can then be compressed
+    in one replay and each layer's deviation compared with what its own slots' closed forms predict, and the
+    first probe of a CNN needs one replay for all its Linear/Conv inputs instead of one each. A group confirms
+    all its closed forms when every ``delta`` norm is unchanged (no slot of it bent the backward flow: a slot
+    that another op also reads, like a tanh output, would), no module outside the group's moved more than
+    ``_agrees`` allows one slot, and every module's deviation agrees with its prediction within
+    CLOSED_FORM_TOLERANCE. Otherwise the group is split in halves, down to slots measured alone, as every slot
+    without a closed form is.
+    """
+
+    def __init__(self, replayer: Replayer, exact: Replay, owners: list[str], closed: Mapping[str, dict[str, float]]):
+        self.replayer, self.exact, self.owners, self.closed = replayer, exact, owners, closed
+        self.replays = 0
+        #: slot -> (its sensitivity per module, the closed form's calibration or None where it does not hold)
+        self.results: dict[str, tuple[dict[str, float], float | None]] = {}
+
+    def together(self, keys: list[str]) -> None:
+        """Measure ``keys`` in one replay, split further where their closed forms do not all hold."""
+        if not keys:
+            return
+        self.replays += 1
+        policy = RecordingPolicy(perturb={key: sz_abs(self.exact.slots[key].trial_bound) for key in keys})
+        if len(keys) == 1:
+            self._alone(keys[0], _deviation(self.replayer.run(policy), self.exact, self.owners))
+            return
+        perturbed = self.replayer.run(policy, layer_calls=[])
+        calibrations = self._confirmed(keys, perturbed) if _same_flow(perturbed, self.exact) else None
+        if calibrations is None:
+            half = len(keys) // 2
+            self.together(keys[:half])
+            self.together(keys[half:])
+            return
+        for key, calibration in calibrations.items():
+            self.results[key] = ({m: calibration * v for m, v in self.closed[key].items()}, calibration)
+
+    def _alone(self, key: str, deviation: Mapping[str, float]) -> None:
+        mse = self.exact.slots[key].trial_mse
+        measured = {m: dev / mse for m, dev in deviation.items()}
+        closed = self.closed.get(key)
+        if closed is not None and _agrees(closed, measured):
+            calibration = sum(measured.values()) / sum(closed.values())
+            self.results[key] = ({m: calibration * v for m, v in closed.items()}, calibration)
+        else:
+            self.results[key] = (measured, None)
+
+    def _confirmed(self, keys: list[str], perturbed: Replay) -> dict[str, float] | None:
+        """Each slot's calibration when every module's deviation agrees with what the group's closed forms
+        predict (each slot's share of a module's ratio by its predicted part); None when one does not.
+
+        Deviation outside the group's modules is allowed up to 0.1 of the smallest slot's predicted effect, so
+        that any one slot would also have passed ``_agrees`` alone."""
+        deviation = _deviation(perturbed, self.exact, self.owners)
+        parts = {key: {m: s * self.exact.slots[key].trial_mse for m, s in self.closed[key].items()} for key in keys}
+        predicted: dict[str, float] = {}
+        for part in parts.values():
+            for module, value in part.items():
+                predicted[module] = predicted.get(module, 0.0) + value
+        outside = sum(value for module, value in deviation.items() if module not in predicted)
+        if outside > 0.1 * min(sum(part.values()) for part in parts.values()):
+            return None
+        ratio = {module: deviation.get(module, 0.0) / value for module, value in predicted.items() if value > 0}
+        if not all(1 / CLOSED_FORM_TOLERANCE <= r <= CLOSED_FORM_TOLERANCE for r in ratio.values()):
+            return None
+        return {key: sum(ratio[m] * v for m, v in part.items()) / sum(part.values()) for key, part in parts.items()}
+
+
+def _same_flow(perturbed: Replay, exact: Replay) -> bool:
+    """Whether every Linear/Conv call's output gradient kept its norm (the group bent no backward flow)."""
+    if len(perturbed.layer_calls) != len(exact.layer_calls):
+        return False
+    return all(abs(got.delta_sq - want.delta_sq) <= FLOW_TOLERANCE * want.delta_sq
+               for got, want in zip(perturbed.layer_calls, exact.layer_calls))
 
 
 def _agrees(closed: Mapping[str, float], measured: Mapping[str, float]) -> bool:
