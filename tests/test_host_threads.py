@@ -72,24 +72,24 @@ def test_a_later_set_num_threads_applies_to_the_next_call(torch_threads):
     assert host._OPENMP[0]() == 2
 
 
-def openmp_wait_policy_seen_by(program: str, policy: str | None) -> str:
-    """What ``program`` prints, run in a fresh Python with OMP_WAIT_POLICY=``policy`` (None: unset)."""
+def environment_seen_by(program: str, **settings: str | None) -> str:
+    """What ``program`` prints, run in a fresh Python with each of ``settings`` set (None: unset)."""
     import subprocess
     import sys
 
-    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
-    if policy is not None:
-        env["OMP_WAIT_POLICY"] = policy
+    env = {key: value for key, value in os.environ.items() if key not in settings}
+    env.update({key: value for key, value in settings.items() if value is not None})
     return subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 
 
-CLI_START = ("import os\nfrom hpcdl.cli import prefer_passive_openmp_threads\nprefer_passive_openmp_threads()\n"
-             "print(os.environ.get('OMP_WAIT_POLICY'))")
+CLI_START = ("import os\nfrom hpcdl.cli import set_process_defaults\nset_process_defaults()\n"
+             "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('THP_MEM_ALLOC_ENABLE'))")
 
 
-def test_the_command_makes_idle_openmp_threads_sleep_unless_the_user_chose():
-    assert openmp_wait_policy_seen_by(CLI_START, None) == "PASSIVE"
-    assert openmp_wait_policy_seen_by(CLI_START, "active") == "active"
-    # once torch is loaded its OpenMP runtime has read the variable: setting it then would only mislead
-    assert openmp_wait_policy_seen_by("import torch\n" + CLI_START, None) == "None"
+def test_the_command_makes_idle_openmp_threads_sleep_and_uses_huge_pages_unless_the_user_chose():
+    unset = {"OMP_WAIT_POLICY": None, "THP_MEM_ALLOC_ENABLE": None}
+    assert environment_seen_by(CLI_START, **unset) == "PASSIVE 1"
+    assert environment_seen_by(CLI_START, OMP_WAIT_POLICY="active", THP_MEM_ALLOC_ENABLE="0") == "active 0"
+    # once torch is loaded its runtime has read the variables: setting them then would only mislead
+    assert environment_seen_by("import torch\n" + CLI_START, **unset) == "None None"

@@ -101,25 +101,32 @@ def error_line(command: str, err: BaseException) -> str:
     return f"hpcdl {command}: error: {message}"
 
 
-OPENMP_WAIT_POLICY = "PASSIVE"
+#: What the ``hpcdl`` command sets in its environment unless the user did: settings torch's runtime reads once,
+#: when torch loads (so they are set before any command imports it, and its subprocesses inherit them).
+PROCESS_DEFAULTS = {
+    # Idle OpenMP threads sleep instead of spin. torch's intra-op pool and the host codec kernels share one
+    # OpenMP runtime, whose idle threads by default busy-wait after every parallel loop, taking cores from
+    # whatever else runs (data-loader workers, the job's other ranks, other jobs on a shared node): with one
+    # core busy elsewhere, spinning threads cut the sz encoder's speed 2.1x (docs/codecs.md, "Threads on a
+    # loaded machine").
+    "OMP_WAIT_POLICY": "PASSIVE",
+    # CPU tensors of 2 MiB and more on transparent huge pages: a compressed step decodes every saved tensor
+    # into fresh memory in backward, and first-touch page faults on 4 KiB pages were most of the sz step's
+    # time overhead at DeepCAM's full input (1.17x -> 1.01x with one core busy elsewhere; docs/results/scale).
+    "THP_MEM_ALLOC_ENABLE": "1",
+}
 
 
-def prefer_passive_openmp_threads() -> None:
-    """Make idle OpenMP threads sleep instead of spin, unless the user chose (OMP_WAIT_POLICY is set).
-
-    torch's intra-op pool and the host codec kernels share one OpenMP runtime. By default its idle threads
-    busy-wait after every parallel loop, taking cores from whatever else runs: data-loader workers, the
-    other ranks of a job, other jobs on a shared node: with one core busy elsewhere, spinning threads cut
-    the sz encoder's speed 2.1x (docs/codecs.md, "Threads on a loaded machine"). The runtime reads the
-    variable once, when torch loads it, so this runs before any command imports torch (and the command's
-    subprocesses inherit it).
-    """
+def set_process_defaults() -> None:
+    """Set :data:`PROCESS_DEFAULTS` where the user has not, if torch has not loaded yet (then it is too late:
+    setting them would only mislead)."""
     if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", OPENMP_WAIT_POLICY)
+        for name, value in PROCESS_DEFAULTS.items():
+            os.environ.setdefault(name, value)
 
 
 def main(argv: list[str] | None = None) -> int:
-    prefer_passive_openmp_threads()
+    set_process_defaults()
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.debug)
