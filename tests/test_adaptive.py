@@ -48,7 +48,8 @@ def test_reproductions_keep_the_gradient_where_a_static_bound_bends_it(case):
     # but a range-relative bound still falls short where adaptive bounds do not.
     assert static < 0.99, static
     assert adaptive >= 0.99, adaptive
-    assert all(slot.bound > 0 for slot in policy.controller.slots.values())  # compressed, not kept
+    measured = [slot for slot in policy.controller.slots.values() if slot.measured_at >= 0]
+    assert measured and all(slot.bound > 0 for slot in measured)  # compressed, not kept (but negligible ones)
 
 
 def _lm_loss(target):
@@ -118,7 +119,7 @@ def test_the_first_probe_confirms_every_linear_and_conv_input_in_one_replay(monk
     grouped, report = _first_probe(model, x, loss_fn)
     closed = sorted(key for key, slot in grouped.slots.items() if slot.closed_form)
     alone = [key for key, slot in grouped.slots.items() if slot.measured_at == 0 and not slot.closed_form]
-    assert len(closed) == 5  # 4 convs and the head
+    assert len(closed) == 4  # the 4 convs (the head's input, 64 numbers, is negligible: kept, not measured)
     assert report["replays"] == 1 + 1 + len(alone)  # the exact replay, the Linear/Conv inputs, the rest one each
     monkeypatch.setattr(adaptive, "_same_flow", lambda perturbed, exact: False)  # every group looks bent
     single, report = _first_probe(model, x, loss_fn)
@@ -126,6 +127,27 @@ def test_the_first_probe_confirms_every_linear_and_conv_input_in_one_replay(monk
     assert sorted(key for key, slot in single.slots.items() if slot.closed_form) == closed
     for key in closed:
         assert grouped.slots[key].calibration == pytest.approx(single.slots[key].calibration, rel=1e-6), key
+
+
+def test_the_probe_keeps_negligible_slots_as_they_are_without_measuring_them():
+    """Batch-norm statistics (a few numbers per channel) are far under a thousandth of a CNN's saved bytes:
+    they are kept exact (as they are, or by a lossless codec) and cost no replay; under a byte budget every slot
+    is measured."""
+    model, x, loss_fn = _cnn_case()
+    controller, report = _first_probe(model, x, loss_fn)
+    statistics = [key for key, slot in controller.slots.items() if slot.numel == 8]  # 8 channels: mean, invstd
+    assert len(statistics) == 8  # two of each of the 4 batch norms
+    total = sum(slot.nbytes for slot in controller.slots.values())
+    assert sum(controller.slots[key].nbytes for key in statistics) <= adaptive.NEGLIGIBLE_BYTES * total
+    for key in statistics:
+        slot = controller.slots[key]
+        assert slot.measured_at == -1 and slot.variance() == 0, key  # kept, or a lossless codec
+    measured = [key for key, slot in controller.slots.items() if slot.measured_at == 0]
+    assert set(measured).isdisjoint(statistics) and measured
+    budgeted = Policy.adaptive(budget=10**9)
+    _gradients(model, x, loss_fn, budgeted)
+    changed = [key for key in statistics if budgeted.controller.slots[key].kappa > 0]  # sz changes them at all
+    assert changed and all(budgeted.controller.slots[key].measured_at == 0 for key in changed)
 
 
 class _TanhMLP(nn.Module):

@@ -57,7 +57,7 @@ from hpcdl.runtime.policy import (
     register_controller,
     spec_from_config,
 )
-from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, sz_abs
+from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, SlotRecord, sz_abs
 from hpcdl.runtime.trials import FAMILIES, QUANT_BITS, Trial
 from hpcdl.units import human_bytes, parse_bytes
 
@@ -73,6 +73,10 @@ FLOW_TOLERANCE = 1e-6
 #: gradient norm: a cautious start, under which the default alpha keeps the cosine to the exact gradient at least
 #: 1 / sqrt(1 + alpha * UNMEASURED_NOISE) = 0.995.
 UNMEASURED_NOISE = 0.1
+#: The smallest slots whose bytes together are at most this fraction of all slots' are kept as they are, never
+#: measured (AdaptiveController._negligible): they add at most this fraction of the uncompressed bytes to the
+#: packed ones (a 15x ratio becomes 14.8x at worst), and each saves a replay per probe.
+NEGLIGIBLE_BYTES = 1e-3
 #: A bound may grow at most this factor per probe (see decide).
 GROWTH = 2.0
 #: The fields of a report that measure the controller's own cost in this process: its wall time (:class:`_Clock`;
@@ -396,13 +400,29 @@ class AdaptiveController(Controller):
         """The bytes the decisions are held to (0: none, the ``alpha`` rule decides)."""
         return self.options.budget
 
-    def _to_measure(self, seen: Mapping[str, object]) -> list[str]:
+    def _to_measure(self, seen: Mapping[str, SlotRecord]) -> list[str]:
         """Slots to perturb this probe: every one never measured, then the oldest measured ones (closed forms,
-        refreshed every probe, after the others)."""
-        fresh = [key for key in seen if self.slots[key].measured_at < 0]
+        refreshed every probe, after the others); not the negligible ones (:meth:`_negligible`)."""
+        negligible = self._negligible(seen)
+        fresh = [key for key in seen if self.slots[key].measured_at < 0 and key not in negligible]
         stale = sorted((key for key in seen if self.slots[key].measured_at >= 0),
                        key=lambda key: (self.slots[key].closed_form, self.slots[key].measured_at, key))
         return fresh + stale[:self.options.reruns]
+
+    def _negligible(self, seen: Mapping[str, SlotRecord]) -> set[str]:
+        """Under the alpha rule, the smallest slots whose bytes together are at most NEGLIGIBLE_BYTES of all the
+        slots' (batch-norm statistics, per-channel scales): never measured, so kept as they are. Compressing
+        them could save that fraction at most, and measuring each costs a replay. A byte budget (and the ActNN
+        baseline, which compresses everything) measures every slot."""
+        if self.byte_budget():
+            return set()
+        allowed, running, negligible = NEGLIGIBLE_BYTES * sum(r.nbytes for r in seen.values()), 0, set()
+        for key in sorted(seen, key=lambda key: (seen[key].nbytes, key)):
+            running += seen[key].nbytes
+            if running > allowed:
+                break
+            negligible.add(key)
+        return negligible
 
     def _reduce_over_ranks(self, modules: list[str]) -> None:
         """Average over the ranks what each measured on its own batch, so that every rank decides the same bounds.
