@@ -150,6 +150,25 @@ def test_the_probe_keeps_negligible_slots_as_they_are_without_measuring_them():
     assert changed and all(budgeted.controller.slots[key].measured_at == 0 for key in changed)
 
 
+def test_slots_without_effect_are_checked_again_every_probe():
+    """Behind a batch norm whose weight is 0 (as a residual branch starts) the layers get no gradient, so their
+    slots measure no effect and their bounds may grow. Every later probe compresses all such slots together
+    once more: when the weight has moved, each is measured again (here 4 of them, though reruns=1), and the
+    ones still without effect (the last ReLU's output, read only as a sign) are confirmed by that one replay."""
+    model, x, loss_fn = _cnn_case()
+    with torch.no_grad():
+        model.features[4].weight.zero_()
+    policy = Policy.adaptive(probe_every=1, reruns=1, codecs="sz")
+    _gradients(model, x, loss_fn, policy)
+    slots = policy.controller.slots
+    without_effect = [key for key, slot in slots.items() if slot.measured_at == 0 and not slot.sensitivity]
+    with torch.no_grad():
+        model.features[4].weight.fill_(1.0)
+    _gradients(model, x, loss_fn, policy)
+    assert all(slots[key].measured_at == 1 for key in without_effect)
+    assert len([key for key in without_effect if slots[key].sensitivity]) >= 4
+
+
 class _TanhMLP(nn.Module):
     """fc1 -> tanh -> fc2 -> relu -> fc3: the tanh output that fc2 saves is also what tanh's backward reads."""
 

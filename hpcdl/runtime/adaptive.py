@@ -330,6 +330,9 @@ class AdaptiveController(Controller):
             for key in to_measure:
                 if key not in closed:
                     measure.together([key])
+            measure.still_without_effect([key for key, slot in self.slots.items()
+                                          if key in exact.slots and exact.slots[key].trial_mse > 0
+                                          and slot.measured_at >= 0 and not slot.sensitivity and key not in to_measure])
             for key, (sensitivity, calibration) in measure.results.items():
                 slot = self.slots[key]
                 slot.sensitivity, slot.closed_form = sensitivity, calibration is not None
@@ -680,6 +683,25 @@ class _Measurement:
             return
         for key, calibration in calibrations.items():
             self.results[key] = ({m: calibration * v for m, v in self.closed[key].items()}, calibration)
+
+    def still_without_effect(self, keys: list[str]) -> None:
+        """Slots whose last measurement moved no gradient, compressed together at their bounds in effect in one
+        replay: if still no gradient moves, none has an effect (and their bounds may grow again); else each is
+        measured alone.
+
+        Such a slot is a ReLU output that only its own backward reads (as a sign), or a tensor behind a batch
+        norm whose weight is 0, as a residual branch starts. Without a fresh measurement a bound without effect
+        grows GROWTH-fold every probe up to ``max_rel``, and would stay there after the branch came alive."""
+        if not keys:
+            return
+        self.replays += 1
+        perturbed = self.replayer.run(RecordingPolicy(
+            perturb={key: sz_abs(self.exact.slots[key].trial_bound) for key in keys}))
+        if not _deviation(perturbed, self.exact, self.owners):
+            self.results.update((key, ({}, None)) for key in keys)
+            return
+        for key in keys:
+            self.together([key])
 
     def _alone(self, key: str, deviation: Mapping[str, float]) -> None:
         mse = self.exact.slots[key].trial_mse
