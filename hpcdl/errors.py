@@ -15,8 +15,8 @@ hpcdl is missing here or does not derive from :class:`HpcdlError`:
   (:mod:`hpcdl.data.errors`)
 - models: ``ModelError``, ``ModelOptionError`` (:mod:`hpcdl.models.registry`)
 - runtime: ``PolicySpecError`` (:mod:`hpcdl.runtime.policy`); ``VerificationError``, ``ReleasedError``,
-  ``SavedTensorModifiedError`` (:mod:`hpcdl.runtime.session`), ``RecomputationError`` (:mod:`hpcdl.runtime.recompute`); exit code 1: they
-  happen during a run
+  ``SavedTensorModifiedError`` (:mod:`hpcdl.runtime.session`), ``RecomputationError``
+  (:mod:`hpcdl.runtime.recompute`); exit code 1: they happen during a run
 - train: ``ConfigError`` (:mod:`hpcdl.train.config`), ``CheckpointError`` (:mod:`hpcdl.train.checkpoint`),
   ``MethodSpecError`` (:mod:`hpcdl.train.method_spec`: the method specs the study and the benchmarks parse)
 - slurm: ``SlurmError`` (:mod:`hpcdl.slurm.errors`)

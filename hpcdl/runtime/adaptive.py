@@ -671,7 +671,7 @@ class _Measurement:
         if not keys:
             return
         self.replays += 1
-        policy = RecordingPolicy(perturb={key: sz_abs(self.exact.slots[key].trial_bound) for key in keys})
+        policy = self._perturbing(keys)
         if len(keys) == 1:
             self._alone(keys[0], _deviation(self.replayer.run(policy), self.exact, self.owners))
             return
@@ -695,13 +695,16 @@ class _Measurement:
         if not keys:
             return
         self.replays += 1
-        perturbed = self.replayer.run(RecordingPolicy(
-            perturb={key: sz_abs(self.exact.slots[key].trial_bound) for key in keys}))
+        perturbed = self.replayer.run(self._perturbing(keys))
         if not _deviation(perturbed, self.exact, self.owners):
             self.results.update((key, ({}, None)) for key in keys)
             return
         for key in keys:
             self.together([key])
+
+    def _perturbing(self, keys: list[str]) -> RecordingPolicy:
+        """A replay's policy that compresses ``keys`` with sz at their bounds of the exact replay, the rest exact."""
+        return RecordingPolicy(perturb={key: sz_abs(self.exact.slots[key].trial_bound) for key in keys})
 
     def _alone(self, key: str, deviation: Mapping[str, float]) -> None:
         mse = self.exact.slots[key].trial_mse
