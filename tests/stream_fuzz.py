@@ -48,7 +48,9 @@ CONFIGS = {
                 "dilation": [1, 1]}],
     "sz": [{"id": "sz", "mode": "abs", "bound": 1e-2}, {"id": "sz", "mode": "rel", "bound": 1e-3},
            {"id": "sz", "mode": "pw_rel", "bound": 1e-2},
-           {"id": "sz", "mode": "rel", "bound": 1e-2, "entropy": "zstd"}],
+           {"id": "sz", "mode": "rel", "bound": 1e-2, "entropy": "zstd"},
+           {"id": "sz", "mode": "abs", "bound": 1e-2, "channels": 1},
+           {"id": "sz", "mode": "abs", "bound": 1e-2, "channels": 1, "entropy": "zstd"}],
     "sz3": [{"id": "sz3", "mode": "rel", "bound": 1e-3}],
     "zfp": [{"id": "zfp", "mode": "abs", "bound": 1e-3}],
 }

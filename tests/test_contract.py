@@ -141,6 +141,7 @@ STREAM_CASES = [
      torch.nn.functional.max_pool2d(torch.randn(2, 9, 7), 2, return_indices=True)[1]),
     ({"id": "sz", "mode": "rel", "bound": 1e-2}, torch.randn(90)),
     ({"id": "sz", "mode": "rel", "bound": 1e-2, "entropy": "zstd"}, torch.relu(torch.randn(300))),
+    ({"id": "sz", "mode": "abs", "bound": 1e-2, "channels": 1}, torch.randn(3, 5, 20) * torch.logspace(-2, 1, 5)[:, None]),
 ]
 
 

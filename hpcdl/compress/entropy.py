@@ -13,8 +13,8 @@ wraps the codec it names. The guarantee is the inner codec's (bound, exactness),
 
 Stream: a header with codec id ``entropy``, the tensor's dtype and shape and one field, ``compressed`` (u8),
 then a payload that is the inner codec's serialised stream (u32 header length, its header, zeros up to a
-multiple of 8 bytes so that its payload is aligned, its payload), zstd-compressed when ``compressed`` is 1 and as it is when 0 (a stream zstd does not
-shrink). A CUDA tensor gets the inner codec's own stream, untouched: the stage runs on the host, and a round
+multiple of 8 bytes so that its payload is aligned, its payload: :mod:`hpcdl.compress.nested`), zstd-compressed
+when ``compressed`` is 1 and as it is when 0 (a stream zstd does not shrink). A CUDA tensor gets the inner codec's own stream, untouched: the stage runs on the host, and a round
 trip through host memory (and the synchronisations it needs) would cost more than it saves; decoding such a
 stream is the inner codec's decode. Otherwise decoding checks the payload checksum, refuses a zstd
 frame whose content size is unknown or larger than any stream of that tensor could be, then the inner codec
@@ -23,7 +23,6 @@ decodes its own stream, with its own checks.
 
 from __future__ import annotations
 
-import struct
 from typing import overload
 
 import torch
@@ -31,7 +30,8 @@ import torch
 from hpcdl.compress.base import Codec, Packed
 from hpcdl.compress.checksum import payload_checksum, verified_payload
 from hpcdl.compress.errors import CodecError
-from hpcdl.compress.header import peek_codec_id, read_header, write_header
+from hpcdl.compress.header import read_header, write_header
+from hpcdl.compress.nested import header_prefix, inner_packed
 
 STREAM_ID = "entropy"
 METHODS = ("zstd",)
@@ -103,7 +103,7 @@ class EntropyStage(Codec):
         packed = self.inner.encode(tensor)
         if tensor.device.type != "cpu":
             return packed  # the inner codec's own stream, untouched: no host round trip, no extra sync
-        prefix = _header_prefix(packed.header)
+        prefix = header_prefix(packed.header)
         size = prefix.numel() + packed.data.numel()
         stream = _zstd().ZstdCompressor(level=LEVEL).compressobj(size=size)  # the frame records the size
         squeezed = stream.compress(prefix.numpy()) + stream.compress(packed.data.numpy()) + stream.flush()
@@ -126,7 +126,7 @@ class EntropyStage(Codec):
         data = verified_payload(packed.data, header)
         limit = _HEADER_ROOM + 2 * header.numel * header.dtype.itemsize
         stream = _decompressed(data, limit) if compressed else data
-        inner = _inner_packed(stream, limit)
+        inner = inner_packed(stream, limit, STREAM_ID)
         if inner.codec_id != self.inner.codec_id:
             raise CodecError(f"entropy stream holds a {inner.codec_id!r} stream, this codec's inner codec is "
                              f"{self.inner.codec_id!r}: corrupted or decoded with the wrong codec")
@@ -135,13 +135,6 @@ class EntropyStage(Codec):
             raise CodecError(f"entropy stream's inner stream decodes to {tuple(restored.shape)} {restored.dtype}, "
                              f"its header says {header.shape} {header.dtype}: corrupted")
         return restored
-
-
-def _header_prefix(header: bytes) -> torch.Tensor:
-    """``u32 length | header | zeros``, as a uint8 tensor of a multiple of 8 bytes, so that the inner payload
-    after it starts 8-byte aligned (the block kernels read it in place; an unaligned one would be copied)."""
-    prefix = struct.pack("<I", len(header)) + header
-    return torch.frombuffer(bytearray(prefix + bytes(-len(prefix) % 8)), dtype=torch.uint8)
 
 
 def _decompressed(data: torch.Tensor, limit: int) -> torch.Tensor:
@@ -170,20 +163,3 @@ def _decompressed(data: torch.Tensor, limit: int) -> torch.Tensor:
         raise CodecError(f"entropy payload decompressed to {filled}{'+' if trailing else ''} bytes, its frame "
                          f"declares {size}: corrupted")
     return stream
-
-
-def _inner_packed(stream: torch.Tensor, limit: int) -> Packed:
-    """The inner codec's Packed from its serialised form (:func:`_header_prefix`, then the payload: a view)."""
-    if stream.numel() < 4 or stream.numel() > limit:
-        raise CodecError(f"entropy stream holds {stream.numel()} bytes: corrupted")
-    (length,) = struct.unpack("<I", bytes(stream[:4].cpu().tolist()))
-    payload_at = 4 + length + (-(4 + length) % 8)
-    if payload_at > stream.numel():
-        raise CodecError(f"entropy stream's inner header of {length} bytes runs past its {stream.numel()} bytes: "
-                         "corrupted")
-    header = bytes(stream[4:4 + length].cpu().numpy().tobytes())
-    try:
-        peek_codec_id(header)
-    except CodecError as err:
-        raise CodecError(f"entropy stream's inner header is unreadable ({err}): corrupted") from None
-    return Packed(header, stream[payload_at:])

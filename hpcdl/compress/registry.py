@@ -12,7 +12,9 @@ Three sources of codecs, looked up in this order:
   measuring subprocess of :mod:`hpcdl.memory`, without an import anywhere.
 
 Any codec's config may add ``"entropy": "zstd"``: ``get_codec`` then wraps the codec in the lossless zstd
-stage of :mod:`hpcdl.compress.entropy` (spec ``sz:rel=1e-2,entropy=zstd``).
+stage of :mod:`hpcdl.compress.entropy` (spec ``sz:rel=1e-2,entropy=zstd``); and ``"channels": d``: the codec's
+bound then holds per channel (index of dim ``d``) in units of that channel's spread
+(:mod:`hpcdl.compress.channels`, spec ``sz:abs=0.05,channels=1``). The entropy stage goes outside.
 """
 
 from __future__ import annotations
@@ -118,5 +120,10 @@ def get_codec(config: dict | Codec) -> Codec:
         from hpcdl.compress.entropy import EntropyStage
 
         inner = {key: value for key, value in config.items() if key != "entropy"}
-        return EntropyStage(codec_class(config["id"]).from_config(inner), config["entropy"])
+        return EntropyStage(get_codec(inner), config["entropy"])
+    if "channels" in config:  # any codec's bound per channel, in units of its spread (hpcdl.compress.channels)
+        from hpcdl.compress.channels import ChannelScale
+
+        inner = {key: value for key, value in config.items() if key != "channels"}
+        return ChannelScale(get_codec(inner), config["channels"])
     return codec_class(config["id"]).from_config(dict(config))

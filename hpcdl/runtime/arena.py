@@ -13,7 +13,8 @@ and pointwise bounds (``abs``, ``pw_rel``) hold per element whatever else is in 
 which is relative to one tensor's range, is turned into an ``abs`` bound of ``bound * 2**(k/4)`` for the
 largest integer k with ``2**(k/4) <= range``: at most the member's own ``bound * range`` and at least 0.84 of
 it. Members share an arena only with the same such bound (ranges within a factor of 2**(1/4)), so a gate in
-(0, 1) never inherits the error allowed to a tensor ranging over hundreds.
+(0, 1) never inherits the error allowed to a tensor ranging over hundreds. An abs bound per channel
+(``"channels"``, :mod:`hpcdl.compress.channels`) becomes the bound of its tightest channel, for every element.
 
 Lifetime. An open arena holds copies of its members (the originals are never referenced, so the forward code
 frees them as without hooks, and an in-place change after the save does not reach the arena, as with a tensor
@@ -33,6 +34,7 @@ from collections.abc import Callable
 import torch
 
 from hpcdl.compress import Codec, Packed, value_range
+from hpcdl.compress.channels import channel_exponents
 from hpcdl.runtime.stats import Row
 
 DEFAULT_ARENA_BYTES = 1 << 20  # the most bytes open (not yet encoded) arenas hold together
@@ -55,6 +57,12 @@ def member_codec(codec: Codec, source: torch.Tensor, codec_of: Callable[[dict], 
         return None
     config = codec.get_config()
     mode = config.get("mode")
+    if "channels" in config:  # bounds per channel have no pointwise form: the tightest channel's holds for all
+        if mode != "abs":
+            return None
+        exponent = int(channel_exponents(source, config["channels"]).min())
+        pointwise = {key: value for key, value in config.items() if key != "channels"}
+        return codec_of({**pointwise, "bound": config["bound"] * 2.0 ** exponent})
     if mode in POINTWISE_MODES:
         return codec
     if mode != "rel" or "abs" not in codec.modes:

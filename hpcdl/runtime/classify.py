@@ -191,3 +191,18 @@ class ModelStorages:
 
     def owns(self, tensor: torch.Tensor) -> bool:
         return storage_key(tensor) in self.pointers
+
+
+def normalized_channels(batch_norm_input: tuple[int, ...] | None, tensor: torch.Tensor, layout: Layout) -> int | None:
+    """The dim of ``layout.source(tensor)`` that indexes channels when ``tensor`` is the input a running batch norm
+    saves (``batch_norm_input``: that module's input shape, or None outside a batch norm), else None.
+
+    Batch norm's backward reads its input per channel (dim 1), so a compression error there matters in units of
+    each channel's spread (:mod:`hpcdl.compress.channels`). The source is the tensor's elements in memory order,
+    so a channels-last input has its channels last there; a view packed as a flat span has no channel dim.
+    """
+    if batch_norm_input is None or tuple(tensor.shape) != batch_norm_input or tensor.dim() < 2:
+        return None
+    if layout.span and not layout.dense:
+        return None
+    return layout.order.index(1)

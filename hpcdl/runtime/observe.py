@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from hpcdl.runtime.classify import ModelStorages, pool_window
 
@@ -23,23 +25,38 @@ ROOT = "(model)"  # the label of the model itself (its empty module name)
 OUTSIDE = "(outside)"  # saved while no module of the model runs
 
 
+@dataclass(frozen=True)
+class Frame:
+    """One running module as :class:`ModuleTracker` sees it: its label, the ``window`` codec config of its indices
+    when it is a max pool, and its input's shape when it is a batch norm (whose backward reads that saved input
+    channel by channel: :func:`~hpcdl.runtime.classify.normalized_channels`)."""
+
+    label: str
+    window: dict | None = None
+    batch_norm_input: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, label: str, module: torch.nn.Module, args: tuple) -> Frame:
+        normalized = isinstance(module, _BatchNorm) and bool(args) and isinstance(args[0], torch.Tensor)
+        return cls(label, pool_window(module, args), tuple(args[0].shape) if normalized else None)
+
+
 class ModuleTracker:
-    """The name of the innermost running module of ``model`` (:attr:`current`) while the context is open, and
-    the ``window`` codec config of its indices when it is a max pool (:attr:`current_window`)."""
+    """The innermost running module of ``model`` while the context is open: its name (:attr:`current`) and what
+    it tells about the tensors it saves (:attr:`frame`)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
-        self.stack: list[str] = []
-        self.windows: list[dict | None] = []
+        self.frames: list[Frame] = []
         self._handles: list = []
 
     @property
     def current(self) -> str:
-        return self.stack[-1] if self.stack else OUTSIDE
+        return self.frames[-1].label if self.frames else OUTSIDE
 
     @property
-    def current_window(self) -> dict | None:
-        return self.windows[-1] if self.windows else None
+    def frame(self) -> Frame:
+        return self.frames[-1] if self.frames else Frame(OUTSIDE)
 
     def __enter__(self) -> ModuleTracker:
         for name, module in self.model.named_modules():
@@ -52,20 +69,17 @@ class ModuleTracker:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self.stack.clear()
-        self.windows.clear()
+        self.frames.clear()
 
     def _enter(self, label: str):
         def hook(module, args):
-            self.stack.append(label)
-            self.windows.append(pool_window(module, args))
+            self.frames.append(Frame.of(label, module, args))
         return hook
 
     def _leave(self, label: str):
         def hook(module, args, output):
-            if self.stack and self.stack[-1] == label:
-                self.stack.pop()
-                self.windows.pop()
+            if self.frames and self.frames[-1].label == label:
+                self.frames.pop()
         return hook
 
 

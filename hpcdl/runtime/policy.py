@@ -71,6 +71,7 @@ class SavedTensorInfo:
     step: int
     grad_stats: Mapping[str, GradStat] = field(default_factory=dict)
     window: dict | None = None  # an index saved by a max pool: the ``window`` codec config of its geometry
+    channels: int | None = None  # a batch norm's saved input: the dim of the encoded tensor that indexes channels
 
 
 class Controller(ABC):
@@ -261,8 +262,10 @@ class Policy:
         (a probe's replay of part of a batch counts more: :class:`hpcdl.runtime.probe.RecordingPolicy`)."""
         return nbytes
 
-    def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None) -> SavedTensorInfo:
-        return SavedTensorInfo(module, kind, tuple(tensor.shape), tensor.dtype, self.step, self.grad_stats, window)
+    def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None,
+             channels: int | None = None) -> SavedTensorInfo:
+        return SavedTensorInfo(module, kind, tuple(tensor.shape), tensor.dtype, self.step, self.grad_stats, window,
+                               channels)
 
     def wants_gradients(self) -> bool:
         """Whether this step's gradient statistics should be read (the controller decides; see :class:`Controller`)."""

@@ -51,9 +51,9 @@ from hpcdl.compress import Codec, Packed, check_bound
 from hpcdl.errors import HpcdlRunError
 from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES, Arenas, Slot, member_codec
 from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_layers
-from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of
+from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of, normalized_channels
 from hpcdl.runtime.concat import concat_gradients
-from hpcdl.runtime.observe import OUTSIDE, ModuleTracker
+from hpcdl.runtime.observe import OUTSIDE, Frame, ModuleTracker
 from hpcdl.runtime.policy import Policy, as_policy
 from hpcdl.runtime.recompute import RecomputedBlock
 from hpcdl.runtime.stats import Row, Stats
@@ -356,8 +356,7 @@ class Session:
         :attr:`recompute_stats`, and the bytes decoded from it in :attr:`stats` (decoded tensors alive in backward,
         whichever pass packed them). The caller pushes the hooks that call :meth:`pack`."""
         modules = ModuleTracker(self.model)
-        modules.stack.append(module)
-        modules.windows.append(None)
+        modules.frames.append(Frame(module))
         forward_modules = self._modules
         step = self.policy.step if self.policy is not None else None
         self._modules, self._rows = modules, self.recompute_stats
@@ -479,7 +478,7 @@ class Session:
         """
         if not self._arenas.enabled or self.policy is None or kind != "activation" or module == OUTSIDE:
             return None
-        codec = self.policy.codec_for(self.policy.info(module, kind, tensor))
+        codec = self.policy.codec_for(self.policy.info(module, kind, tensor, channels=self._channels(tensor, layout)))
         if codec is None:
             return None
         source = layout.source(tensor)
@@ -502,9 +501,10 @@ class Session:
         nbytes = layout.numel * tensor.element_size()
         row.original += nbytes
         # a max pool's indices in their standard layout, which is what the window codec is given to encode
-        window = self._modules.current_window if kind == "index" and tensor.is_contiguous() else None
-        codec = self.policy.codec_for(self.policy.info(module, kind, tensor, window)) if self.policy is not None \
-            else None
+        window = self._modules.frame.window if kind == "index" and tensor.is_contiguous() else None
+        channels = self._channels(tensor, layout) if kind == "activation" else None
+        codec = self.policy.codec_for(self.policy.info(module, kind, tensor, window, channels)) \
+            if self.policy is not None else None
         if codec is None:
             entry.kept = tensor
             row.kept += 1
@@ -528,6 +528,11 @@ class Session:
         if self.verify:
             entry.original = base.detach().clone(memory_format=torch.contiguous_format)
         return entry
+
+    def _channels(self, tensor: torch.Tensor, layout: Layout) -> int | None:
+        """The channel dim of what is encoded for ``tensor`` when it is a running batch norm's input (the policy
+        may bound its error per channel: :mod:`hpcdl.compress.channels`), else None."""
+        return normalized_channels(self._modules.frame.batch_norm_input, tensor, layout)
 
     def _fall_back(self, module: str, codec: Codec, tensor: torch.Tensor, err: Exception) -> None:
         warned = self.policy.warned_modules
