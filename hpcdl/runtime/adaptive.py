@@ -16,6 +16,9 @@ below ``alpha`` times the sampling variance its gradient already has (SGD's own 
 * module ``m``'s budget ``alpha * V_m`` is shared among the slots that reach it in proportion to their
   sizes (the split that minimises the total bits when bits grow like ``log(1 / eb)``):
   ``eb_i^2 = min_m 3 * alpha * V_m * n_i / (sum_j n_j) / (kappa_i * S_im)``;
+* a batch norm's saved input is bounded per channel, in units of a power of two near each channel's spread
+  (:mod:`hpcdl.compress.channels`), because batch norm's backward reads it so; its range, trial encodes and
+  sensitivity are of the tensor in those units (``Slot.per_channel``);
 * ``V_m``, the sampling variance of module ``m``'s gradient, is estimated from the gradients of the two steps
   before each probe and the probe's own (:mod:`hpcdl.runtime.noise`) and averaged over the probes; until the
   first estimate (the first probe, at step 0, has no steps before it) ``0.1 * ||g_m||^2`` stands in for it
@@ -43,6 +46,7 @@ from typing import ClassVar
 
 import torch
 
+from hpcdl.compress.channels import with_channels
 from hpcdl.compress.entropy import METHODS as ENTROPY_METHODS
 from hpcdl.compress.entropy import with_stage
 from hpcdl.runtime import budget
@@ -57,12 +61,15 @@ from hpcdl.runtime.policy import (
     register_controller,
     spec_from_config,
 )
-from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, SlotRecord, sz_abs
+from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, SlotRecord, slot_codec, sz_abs
 from hpcdl.runtime.trials import FAMILIES, QUANT_BITS, Trial
 from hpcdl.units import human_bytes, parse_bytes
 
 ENTROPY_STAGES = ("none", *ENTROPY_METHODS)
-_NAMED_CHOICES = {"codecs": tuple(FAMILIES), "entropy": ENTROPY_STAGES}  # options that take one of these names
+#: How a batch norm's saved input is bounded: per channel, in units of each channel's spread, or like any slot.
+CHANNEL_UNITS = ("batchnorm", "none")
+#: Options that take one of these names.
+_NAMED_CHOICES = {"codecs": tuple(FAMILIES), "entropy": ENTROPY_STAGES, "channels": CHANNEL_UNITS}
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
 CLOSED_FORM_TOLERANCE = 2.0
@@ -147,6 +154,7 @@ class AdaptiveOptions(ControllerOptions):
     budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
     codecs: str = "all"       # the candidate codecs besides sz (hpcdl.runtime.trials.FAMILIES; "sz": sz only)
     entropy: str = "zstd"     # the lossless stage over every chosen codec's stream ("none": without; compress.entropy)
+    channels: str = "batchnorm"  # batch norms' inputs bounded per channel in units of its spread ("none": not)
 
     controller_id: ClassVar[str] = "adaptive"
     example: ClassVar[str] = "adaptive:alpha=0.1,probe_every=200"
@@ -183,6 +191,8 @@ class Slot:
                                                       # codec choice)
     trials: list[dict] = field(default_factory=list)  # the candidate codecs' trial encodes (trials.Trial as dicts)
     codec: dict | None = None        # the chosen codec when it is not sz (then ``bound`` is only sz's allowed bound)
+    per_channel: bool = False        # a batch norm's input: everything above (range, kappa, bounds, sizes, trials,
+                                     # sensitivity) is of the tensor in channel units (hpcdl.compress.channels)
 
     def config(self) -> dict | None:
         """The codec this slot is compressed with: the chosen codec, sz at ``bound``, or None (kept as it is)."""
@@ -240,6 +250,10 @@ class AdaptiveController(Controller):
             if info.module != OUTSIDE:  # a tensor the loss saves outside the model's forward no replay ever meets
                 self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
             return self.unmeasured
+        if slot.per_channel:  # its bound is in channel units: it applies only through the channels stage
+            if info.channels is None:
+                return self.unmeasured
+            return with_stage(with_channels(slot.config(), info.channels), self.options.entropy)
         return with_stage(slot.config(), self.options.entropy)
 
     def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
@@ -307,19 +321,22 @@ class AdaptiveController(Controller):
             exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel,
                                                  size_rels=self.size_rels(), candidates=self.candidates(),
                                                  threshold=capture.threshold, whole_numel=self.whole_numel,
-                                                 entropy=self.options.entropy),
+                                                 entropy=self.options.entropy,
+                                                 per_channel=self.options.channels == "batchnorm"),
                                  layer_calls=[])
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
             for key, record in exact.slots.items():
                 slot = self.slots.setdefault(key, Slot())
+                if slot.per_channel != (record.channels is not None):  # measured in other units: measure afresh
+                    slot = self.slots[key] = Slot(per_channel=record.channels is not None)
                 slot.numel, slot.value_range = record.numel, record.value_range
                 slot.nbytes, slot.sizes = record.nbytes, [float(size) for size in record.sizes]
                 slot.trials = [asdict(trial) for trial in record.trials]
                 slot.kappa = record.trial_mse / (record.trial_bound ** 2 / 3) if record.trial_bound > 0 else 0.0
                 if slot.closed_form and key in closed:
                     slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
-            in_effect = {key: config for key, slot in self.slots.items()
+            in_effect = {key: slot_codec(config, exact.slots[key]) for key, slot in self.slots.items()
                          if key in exact.slots and (config := slot.config()) is not None}
             measured_now = (_deviation(replayer.run(RecordingPolicy(perturb=in_effect)), exact, owners)
                             if in_effect else {})
@@ -387,7 +404,8 @@ class AdaptiveController(Controller):
             return None
         self._unreported = False
         slots = {key: {"codec": spec_from_config(slot.config()),
-                       "bound": slot.bound, "rel": slot.bound / slot.value_range if slot.value_range > 0 else 0.0}
+                       "bound": slot.bound, "rel": slot.bound / slot.value_range if slot.value_range > 0 else 0.0,
+                       **({"per_channel": True} if slot.per_channel else {})}
                  for key, slot in self.slots.items()}
         record: dict = {"probe": self.probes, "slots": slots, "predicted_error": self.predicted_error(),
                         "check": self.check}
@@ -632,8 +650,11 @@ def _deviation(perturbed: Replay, exact: Replay, owners: list[str]) -> dict[str,
 
 
 def _closed_forms(exact: Replay) -> dict[str, dict[str, float]]:
-    """Per slot that is the input of Linear/Conv calls: module -> fan_in * ||delta||^2 summed over those calls."""
-    by_storage = {record.storage: key for key, record in exact.slots.items()}
+    """Per slot that is the input of Linear/Conv calls: module -> fan_in * ||delta||^2 summed over those calls.
+
+    Not for a slot in channel units (a batch norm's input that a layer also reads): the form assumes one error
+    variance for all its elements."""
+    by_storage = {record.storage: key for key, record in exact.slots.items() if record.channels is None}
     forms: dict[str, dict[str, float]] = {}
     for call in exact.layer_calls:
         key = by_storage.get(call.storage)
@@ -704,7 +725,8 @@ class _Measurement:
 
     def _perturbing(self, keys: list[str]) -> RecordingPolicy:
         """A replay's policy that compresses ``keys`` with sz at their bounds of the exact replay, the rest exact."""
-        return RecordingPolicy(perturb={key: sz_abs(self.exact.slots[key].trial_bound) for key in keys})
+        return RecordingPolicy(perturb={key: slot_codec(sz_abs(self.exact.slots[key].trial_bound), self.exact.slots[key])
+                                        for key in keys})
 
     def _alone(self, key: str, deviation: Mapping[str, float]) -> None:
         mse = self.exact.slots[key].trial_mse
@@ -770,7 +792,8 @@ class ActnnController(AdaptiveController):
             raise PolicySpecError(f"actnn option bits is the average quant bits per element, between {min(QUANT_BITS)} "
                                   f"and {max(QUANT_BITS)}; got {self.actnn.bits!r}")
         super().__init__(AdaptiveOptions(probe_every=self.actnn.probe_every, reruns=self.actnn.reruns,
-                                         probe_rel=self.actnn.probe_rel, codecs="quant", entropy="none"))
+                                         probe_rel=self.actnn.probe_rel, codecs="quant", entropy="none",
+                                         channels="none"))
         self.budget_bytes = 0.0
 
     def describe(self) -> str:

@@ -42,7 +42,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from hpcdl.compress.channels import channel_units as scaled_channels
+from hpcdl.compress.channels import with_channels
 from hpcdl.compress.entropy import with_stage
+from hpcdl.runtime.classify import Footprint, Layout
 from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
 from hpcdl.runtime.recompute import buffers_kept
@@ -162,6 +165,8 @@ class SlotRecord:
     nbytes: int = 0         # the tensor's bytes as autograd would hold it
     sizes: list[float] = field(default_factory=list)  # sz abs packed bytes at each of the policy's size_rels
     trials: list[Trial] = field(default_factory=list)  # the candidate codecs' trial encodes
+    channels: int | None = None  # a batch norm's input: the encoded tensor's channel dim; then every number above
+                                 # but numel, nonzero and nbytes is of the tensor in channel units (channel_units)
 
 
 @dataclass
@@ -185,6 +190,17 @@ class Replay:
     scale: float = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
 
 
+def channel_units(tensor: torch.Tensor, channels: int) -> torch.Tensor:
+    """What the ``channels`` stage hands its inner codec for ``tensor``: the source the session encodes, each channel
+    scaled by its power of two (:mod:`hpcdl.compress.channels`)."""
+    return scaled_channels(Layout.of(Footprint.of(tensor)).source(tensor.detach()), channels)[0]
+
+
+def slot_codec(config: dict, record: SlotRecord) -> dict:
+    """``config`` as it applies to the slot ``record`` describes: per channel for a batch norm's input."""
+    return with_channels(config, record.channels)
+
+
 def _storage_of(tensor: torch.Tensor) -> tuple:
     return (tensor.device, tensor.untyped_storage().data_ptr(), tensor._version)
 
@@ -200,9 +216,10 @@ class RecordingPolicy(Policy):
     def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
                  perturb: dict[str, dict] | None = None, size_rels: tuple[float, ...] = (),
                  candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None,
-                 entropy: str = "none"):
+                 entropy: str = "none", per_channel: bool = True):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.entropy = entropy  # the entropy stage training adds to every codec: sizes and trials measure with it
+        self.per_channel = per_channel  # exact replay: batch norms' inputs are recorded in channel units
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
         self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
@@ -220,24 +237,27 @@ class RecordingPolicy(Policy):
             return round(nbytes * self.scale)
         return nbytes
 
-    def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None) -> SavedTensorInfo:
+    def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None,
+             channels: int | None = None) -> SavedTensorInfo:
         if kind == "activation":
             self._key = self.names.next(module, self.step)
             if self.trial_bounds is not None:
-                self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key))
-        return super().info(module, kind, tensor, window)
+                self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key),
+                                                     channels if self.per_channel else None)
+        return super().info(module, kind, tensor, window, channels)
 
     def codec_for(self, info: SavedTensorInfo):
         if info.kind != "activation" or self._key not in self.perturb:
             return None
         return self.codec(self.perturb[self._key])
 
-    def _record(self, tensor: torch.Tensor, bound: float | None) -> SlotRecord:
-        data = tensor.detach()
+    def _record(self, tensor: torch.Tensor, bound: float | None, channels: int | None = None) -> SlotRecord:
+        data = tensor.detach() if channels is None else channel_units(tensor, channels)
         finite = data[torch.isfinite(data)] if not bool(torch.isfinite(data).all()) else data
         low, high = (finite.aminmax() if finite.numel() else (torch.zeros(()), torch.zeros(())))
         record = SlotRecord(numel=data.numel(), value_range=float(high - low), nonzero=int(torch.count_nonzero(data)),
-                            storage=_storage_of(tensor), nbytes=data.numel() * data.element_size())
+                            storage=_storage_of(tensor), nbytes=data.numel() * data.element_size(),
+                            channels=channels)
         record.trial_bound = bound if bound else record.value_range * self.probe_rel
         source = data.contiguous()
         if record.trial_bound > 0:
