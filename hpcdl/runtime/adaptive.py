@@ -13,9 +13,9 @@ below ``alpha`` times the sampling variance its gradient already has (SGD's own 
 * ``S_im`` is the closed form ``fan_in_m * ||delta_m||^2`` where slot ``i`` is the input of a Linear/Conv
   layer ``m`` (and nothing else bends it, which the first measurement checks), else measured: the probe
   compresses that slot alone and compares the gradients with exact ones (:mod:`hpcdl.runtime.probe`);
-* module ``m``'s budget ``alpha * V_m`` is shared among the slots that reach it in proportion to their
-  sizes (the split that minimises the total bits when bits grow like ``log(1 / eb)``):
-  ``eb_i^2 = min_m 3 * alpha * V_m * n_i / (sum_j n_j) / (kappa_i * S_im)``;
+* the modules' budgets ``alpha * V_m`` are shared among the slots that reach them so that the total bits
+  (``n_i`` per halving of ``eb_i``) are fewest: the optimum of that concave problem, every budget held
+  (:mod:`hpcdl.runtime.error_budget`);
 * a batch norm's saved input is bounded per channel, in units of a power of two near each channel's spread
   (:mod:`hpcdl.compress.channels`), because batch norm's backward reads it so; its range, trial encodes and
   sensitivity are of the tensor in those units (``Slot.per_channel``);
@@ -49,7 +49,7 @@ import torch
 from hpcdl.compress.channels import with_channels
 from hpcdl.compress.entropy import METHODS as ENTROPY_METHODS
 from hpcdl.compress.entropy import with_stage
-from hpcdl.runtime import budget
+from hpcdl.runtime import budget, error_budget
 from hpcdl.runtime.noise import GradientSamples, blend
 from hpcdl.runtime.observe import OUTSIDE, ROOT
 from hpcdl.runtime.policy import (
@@ -484,24 +484,30 @@ class AdaptiveController(Controller):
         self.fixed_bytes = mean[-1]
 
     def decide(self, grad_stats: Mapping[str, GradStat]) -> None:
-        """Each slot's bound from the budget (module docstring); slots that reach no module get the cap."""
+        """Each slot's bound from the budget (module docstring, :mod:`hpcdl.runtime.error_budget`); slots that reach
+        no module get the cap."""
         if self.options.budget:
             self.decide_for_bytes(grad_stats)
             return
         reference = self.reference(grad_stats)
-        reach: dict[str, int] = {}
-        for slot in self.slots.values():
-            for module in slot.sensitivity:
-                reach[module] = reach.get(module, 0) + slot.numel
-        for slot in self.slots.values():
-            # sz's error may stop being uniform and independent far above the bounds it was measured at (on smooth
-            # data it turns coherent). The check replay measures the bounds in effect at every probe and corrects a
-            # module's prediction where it was low (reference), so a bound grows GROWTH-fold per probe at most from
-            # the bound in effect: the next check measures it before it grows again.
-            cap = min(self.options.max_rel * slot.value_range, GROWTH * max(slot.measured_bound, slot.bound))
-            squares = [3 * self.options.alpha * reference[m] * slot.numel / reach[m] / (slot.kappa * s)
-                       for m, s in slot.sensitivity.items() if s > 0 and slot.kappa > 0 and reference.get(m, 0) > 0]
-            bound = min([math.sqrt(square) for square in squares] + [cap])
+        # sz's error may stop being uniform and independent far above the bounds it was measured at (on smooth
+        # data it turns coherent). The check replay measures the bounds in effect at every probe and corrects a
+        # module's prediction where it was low (reference), so a bound grows GROWTH-fold per probe at most from
+        # the bound in effect: the next check measures it before it grows again.
+        caps = {key: min(self.options.max_rel * slot.value_range, GROWTH * max(slot.measured_bound, slot.bound))
+                for key, slot in self.slots.items()}
+        priced = {key: slot for key, slot in self.slots.items() if slot.kappa > 0 and slot.numel > 0 and caps[key] > 0}
+        variances = error_budget.allocate({key: slot.numel for key, slot in priced.items()},
+                                          {key: slot.sensitivity for key, slot in priced.items()},
+                                          {m: self.options.alpha * value for m, value in reference.items()},
+                                          {key: slot.kappa * caps[key] ** 2 / 3 for key, slot in priced.items()})
+        keys = sorted(self.slots)
+        bounds = [min(caps[key], math.sqrt(3 * variances[key] / self.slots[key].kappa)) if key in variances
+                  else caps[key] for key in keys]
+        if self.ranks().size > 1:  # the same on every rank, whatever each machine's last bits of arithmetic
+            bounds = self.ranks().mean(bounds)
+        for key, bound in zip(keys, bounds):
+            slot = self.slots[key]
             slot.bound = _on_grid(bound) if bound > 0 else 0.0
             slot.codec = self._cheapest(slot, slot.kappa * bound ** 2 / 3)
 
