@@ -23,7 +23,7 @@ import hpcdl
 from hpcdl.compress import CodecError, get_codec
 from hpcdl.compress.quant import Quant
 from hpcdl.runtime import Policy
-from hpcdl.runtime.adaptive import AdaptiveController, AdaptiveOptions, Slot
+from hpcdl.runtime.adaptive import ActnnController, AdaptiveController, AdaptiveOptions, Slot
 from hpcdl.runtime.budget import size_rels
 from hpcdl.runtime.policy import GradStat
 from hpcdl.runtime.probe import RecordingPolicy
@@ -117,6 +117,24 @@ def _controller_on(tensor: torch.Tensor, allowed: float) -> AdaptiveController:
     controller.noise = {"m": allowed / controller.options.alpha}
     controller.decide({"m": GradStat(norm=1.0, max_abs=1.0, numel=1)})
     return controller
+
+
+def test_quant_is_not_tried_on_a_tensor_with_zeros_except_by_the_actnn_baseline():
+    """Stochastic rounding moves values across zero, which the sign rule refuses where a tensor has zeros: the
+    adaptive controller's exact replay does not try quant there (nor does it choose it); the ActNN baseline,
+    which quantizes ReLU outputs, does."""
+    relu = torch.relu(torch.randn(65536, generator=torch.Generator().manual_seed(0)))
+    dense = relu + 1.0
+    adaptive = RecordingPolicy({}, candidates=FAMILIES["all"])
+    actnn = RecordingPolicy({}, candidates=FAMILIES["quant"], sign_rule=False)
+
+    def quant_trials(recorder, tensor):
+        return [t for t in recorder._record(tensor, None).trials if t.codec["id"] == "quant"]
+
+    assert all(t.nbytes == float("inf") and not t.safe for t in quant_trials(adaptive, relu))
+    assert all(t.nbytes < relu.nbytes and t.safe for t in quant_trials(adaptive, dense))
+    assert all(t.nbytes < relu.nbytes and not t.safe for t in quant_trials(actnn, relu))  # encoded, fails the rule
+    assert AdaptiveController.sign_rule and not ActnnController.sign_rule
 
 
 def test_quant_is_chosen_where_it_meets_the_target_in_fewer_bytes_than_sz():

@@ -219,6 +219,9 @@ def _on_grid(bound: float) -> float:
 class AdaptiveController(Controller):
     """Per-slot ``sz`` abs bounds from a gradient-error budget; see the module docstring and docs/adaptive.md."""
 
+    #: A trial codec must keep every zero and sign where the tensor has zeros (usable, trials.sign_safe).
+    sign_rule: ClassVar[bool] = True
+
     def __init__(self, options: AdaptiveOptions | None = None):
         self.options = options or AdaptiveOptions()
         self.slots: dict[str, Slot] = {}
@@ -322,7 +325,8 @@ class AdaptiveController(Controller):
                                                  size_rels=self.size_rels(), candidates=self.candidates(),
                                                  threshold=capture.threshold, whole_numel=self.whole_numel,
                                                  entropy=self.options.entropy,
-                                                 per_channel=self.options.channels == "batchnorm"),
+                                                 per_channel=self.options.channels == "batchnorm",
+                                                 sign_rule=self.sign_rule),
                                  layer_calls=[])
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
@@ -791,6 +795,8 @@ class ActnnController(AdaptiveController):
     sign check of the adaptive controller does not apply); the others (smaller than the session's threshold,
     or with NaN/Inf) stay as they are, outside the budget.
     """
+
+    sign_rule: ClassVar[bool] = False  # ActNN quantizes ReLU outputs too
 
     def __init__(self, options: ActnnOptions | None = None):
         self.actnn = options or ActnnOptions()

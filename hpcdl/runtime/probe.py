@@ -216,10 +216,11 @@ class RecordingPolicy(Policy):
     def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
                  perturb: dict[str, dict] | None = None, size_rels: tuple[float, ...] = (),
                  candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None,
-                 entropy: str = "none", per_channel: bool = True):
+                 entropy: str = "none", per_channel: bool = True, sign_rule: bool = True):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.entropy = entropy  # the entropy stage training adds to every codec: sizes and trials measure with it
         self.per_channel = per_channel  # exact replay: batch norms' inputs are recorded in channel units
+        self.sign_rule = sign_rule  # the controller refuses codecs that move values across zero: do not try them
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
         self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
@@ -268,7 +269,9 @@ class RecordingPolicy(Policy):
             part = sample(source)
             record.sizes = [whole_bytes(self.codec(with_stage(sz_abs(rel * record.value_range), self.entropy))
                                         .encode(part), source, part) for rel in self.size_rels]
-        record.trials = [trial(config, source, self.codec, self.threshold, self.entropy) for config in self.candidates]
+        has_zeros = self.sign_rule and record.nonzero < record.numel
+        record.trials = [trial(config, source, self.codec, self.threshold, self.entropy, has_zeros)
+                         for config in self.candidates]
         if self.rows and self.whole_numel.get(self._key, record.numel) != record.numel:
             factor = self.whole_numel[self._key] / record.numel  # a sub-batch of a tensor of the whole batch
             record.numel, record.nbytes = round(record.numel * factor), round(record.nbytes * factor)
