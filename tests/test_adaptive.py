@@ -157,6 +157,15 @@ def test_the_probe_keeps_negligible_slots_as_they_are_without_measuring_them():
         assert slot.measured_at == -1 and slot.variance() == 0, key  # kept, or a lossless codec
     measured = [key for key, slot in controller.slots.items() if slot.measured_at == 0]
     assert set(measured).isdisjoint(statistics) and measured
+    # from the second probe on they are not even trial-encoded: kept as they are
+    policy = Policy.adaptive(probe_every=1)
+    for _ in range(2):
+        _gradients(model, x, loss_fn, policy)
+    assert policy.controller.probes == 2
+    for key in statistics:
+        slot = policy.controller.slots[key]
+        assert slot.trials == [] and slot.sizes == [] and slot.config() is None, key
+    assert all(policy.controller.slots[key].trials for key in measured)
     budgeted = Policy.adaptive(budget=10**9)
     _gradients(model, x, loss_fn, budgeted)
     changed = [key for key in statistics if budgeted.controller.slots[key].kappa > 0]  # sz changes them at all

@@ -320,13 +320,15 @@ class AdaptiveController(Controller):
         replayer = Replayer(capture, rows=self.options.probe_rows)
         owners = _owners(capture.model, replayer.params)
         modules = sorted(set(owners))  # the same list on every rank: the axis of the reductions over ranks
+        # slots negligible at the last probe are recorded without trial encodes: they stay as they are
+        bare = self._negligible({key: slot.nbytes for key, slot in self.slots.items()})
         with replayer.restored():
             exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel,
                                                  size_rels=self.size_rels(), candidates=self.candidates(),
                                                  threshold=capture.threshold, whole_numel=self.whole_numel,
                                                  entropy=self.options.entropy,
                                                  per_channel=self.options.channels == "batchnorm",
-                                                 sign_rule=self.sign_rule),
+                                                 sign_rule=self.sign_rule, bare=bare),
                                  layer_calls=[])
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
@@ -428,22 +430,22 @@ class AdaptiveController(Controller):
     def _to_measure(self, seen: Mapping[str, SlotRecord]) -> list[str]:
         """Slots to perturb this probe: every one never measured, then the oldest measured ones (closed forms,
         refreshed every probe, after the others); not the negligible ones (:meth:`_negligible`)."""
-        negligible = self._negligible(seen)
+        negligible = self._negligible({key: record.nbytes for key, record in seen.items()})
         fresh = [key for key in seen if self.slots[key].measured_at < 0 and key not in negligible]
         stale = sorted((key for key in seen if self.slots[key].measured_at >= 0),
                        key=lambda key: (self.slots[key].closed_form, self.slots[key].measured_at, key))
         return fresh + stale[:self.options.reruns]
 
-    def _negligible(self, seen: Mapping[str, SlotRecord]) -> set[str]:
-        """Under the alpha rule, the smallest slots whose bytes together are at most NEGLIGIBLE_BYTES of all the
-        slots' (batch-norm statistics, per-channel scales): never measured, so kept as they are. Compressing
-        them could save that fraction at most, and measuring each costs a replay. A byte budget (and the ActNN
-        baseline, which compresses everything) measures every slot."""
+    def _negligible(self, nbytes: Mapping[str, float]) -> set[str]:
+        """Under the alpha rule, the smallest slots (``nbytes``: each slot's bytes) whose bytes together are at
+        most NEGLIGIBLE_BYTES of all the slots' (batch-norm statistics, per-channel scales): never measured, so
+        kept as they are. Compressing them could save that fraction at most, and measuring each costs a replay.
+        A byte budget (and the ActNN baseline, which compresses everything) measures every slot."""
         if self.byte_budget():
             return set()
-        allowed, running, negligible = NEGLIGIBLE_BYTES * sum(r.nbytes for r in seen.values()), 0, set()
-        for key in sorted(seen, key=lambda key: (seen[key].nbytes, key)):
-            running += seen[key].nbytes
+        allowed, running, negligible = NEGLIGIBLE_BYTES * sum(nbytes.values()), 0, set()
+        for key in sorted(nbytes, key=lambda key: (nbytes[key], key)):
+            running += nbytes[key]
             if running > allowed:
                 break
             negligible.add(key)

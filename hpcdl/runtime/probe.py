@@ -216,11 +216,13 @@ class RecordingPolicy(Policy):
     def __init__(self, trial_bounds: dict[str, float] | None = None, probe_rel: float = 1e-2,
                  perturb: dict[str, dict] | None = None, size_rels: tuple[float, ...] = (),
                  candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None,
-                 entropy: str = "none", per_channel: bool = True, sign_rule: bool = True):
+                 entropy: str = "none", per_channel: bool = True, sign_rule: bool = True,
+                 bare: set[str] | None = None):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.entropy = entropy  # the entropy stage training adds to every codec: sizes and trials measure with it
         self.per_channel = per_channel  # exact replay: batch norms' inputs are recorded in channel units
         self.sign_rule = sign_rule  # the controller refuses codecs that move values across zero: do not try them
+        self.bare = bare or set()  # exact replay: slots recorded without trial encodes (kept as they are anyway)
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
         self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
@@ -260,7 +262,20 @@ class RecordingPolicy(Policy):
                             storage=_storage_of(tensor), nbytes=data.numel() * data.element_size(),
                             channels=channels)
         record.trial_bound = bound if bound else record.value_range * self.probe_rel
-        source = data.contiguous()
+        if self._key not in self.bare:
+            self._trial_encodes(record, data.contiguous())
+        if self.rows and self.whole_numel.get(self._key, record.numel) != record.numel:
+            factor = self.whole_numel[self._key] / record.numel  # a sub-batch of a tensor of the whole batch
+            record.numel, record.nbytes = round(record.numel * factor), round(record.nbytes * factor)
+            record.nonzero = round(record.nonzero * factor)
+            record.sizes = [size * factor for size in record.sizes]
+            for candidate in record.trials:
+                candidate.nbytes *= factor
+        return record
+
+    def _trial_encodes(self, record: SlotRecord, source: torch.Tensor) -> None:
+        """What the exact replay encodes ``source`` (a slot's contiguous tensor) with: sz at the trial bound (its
+        error), sz at the ladder of ``size_rels`` (bytes), every candidate codec (bytes, error, sign rule)."""
         if record.trial_bound > 0:
             codec = self.codec(sz_abs(record.trial_bound))
             error = codec.decode(codec.encode(source)).double() - source.double()
@@ -272,15 +287,6 @@ class RecordingPolicy(Policy):
         has_zeros = self.sign_rule and record.nonzero < record.numel
         record.trials = [trial(config, source, self.codec, self.threshold, self.entropy, has_zeros)
                          for config in self.candidates]
-        if self.rows and self.whole_numel.get(self._key, record.numel) != record.numel:
-            factor = self.whole_numel[self._key] / record.numel  # a sub-batch of a tensor of the whole batch
-            record.numel, record.nbytes = round(record.numel * factor), round(record.nbytes * factor)
-            record.nonzero = round(record.nonzero * factor)
-            record.sizes = [size * factor for size in record.sizes]
-            for candidate in record.trials:
-                candidate.nbytes *= factor
-        return record
-
 
 
 @contextlib.contextmanager
