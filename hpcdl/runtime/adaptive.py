@@ -443,7 +443,7 @@ class AdaptiveController(Controller):
         A byte budget (and the ActNN baseline, which compresses everything) measures every slot."""
         if self.byte_budget():
             return set()
-        allowed, running, negligible = NEGLIGIBLE_BYTES * sum(nbytes.values()), 0, set()
+        allowed, running, negligible = NEGLIGIBLE_BYTES * sum(nbytes.values()), 0.0, set()
         for key in sorted(nbytes, key=lambda key: (nbytes[key], key)):
             running += nbytes[key]
             if running > allowed:
