@@ -2,10 +2,11 @@
 # The commands for the committed study in docs/results/ (CPU, 2 cores shared with other work).
 # The committed results: the other methods at 9649058 (particle-transformer, resnet18-cifar), hep-cnn's at
 # db448bb (the window codec), deeplabv3p-climate's and every model's adaptive, ActNN and entropy-stage runs
-# at dc36183 (the entropy stage), as are the adaptive:alpha=1 runs at the end, except deeplabv3p-climate's
-# adaptive, ActNN and adaptive:alpha=1 runs, re-run at c0a3253 (the loss's saved tensors compressed by the
-# controllers: only a segmentation loss saves them above the size threshold); nothing a method's code path
-# depends on changed between them otherwise.
+# at dc36183 (the entropy stage); every model's adaptive, adaptive:alpha=1 and ActNN runs were re-run at
+# e3492a8 (batch norms' inputs bounded per channel, the error budgets shared at their optimum), the ActNN
+# runs at the bits `matched-bits` read from those adaptive runs; nothing the other methods' code paths
+# depend on changed between them. (Two adaptive changes after e3492a8, b44e233 and the negligible slots'
+# bare recording, skip trial encodes whose results the decisions never used; not re-run.)
 # Run from the repository root with the venv active; OUT holds results.jsonl and the trainer's run
 # directories (the run directories are not committed). Each command resumes if interrupted: a run
 # already in OUT's results (same model, method, seed, settings and resolved config) is not run again.
