@@ -13,7 +13,9 @@ A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like th
 
    * the *exact* replay keeps every tensor as it is and records, per slot, its size, range, zero count and the
      mean squared error of an ``sz`` abs trial encode at the slot's probe bound; and, per call of a Linear or
-     Conv layer, which slot its input is and the squared norm of its output gradient (for the closed form);
+     Conv layer, which slot its input is and the squared norm of its output gradient (for the closed form); a
+     batch norm's input is recorded in channel units (:func:`in_channel_units`), as the ``channels`` stage the
+     controller compresses it through sees it;
    * in the adaptive controller's budget mode the exact replay also records each slot's packed ``sz`` bytes at
      a ladder of bounds (``size_rels``), and the bytes of everything saved (``Replay.held_bytes``);
    * with codec choice on (the controller's ``codecs`` family), the exact replay also trial-encodes each slot
@@ -42,8 +44,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hpcdl.compress.channels import channel_units as scaled_channels
-from hpcdl.compress.channels import with_channels
+from hpcdl.compress.channels import channel_units, with_channels
 from hpcdl.compress.entropy import with_stage
 from hpcdl.runtime.classify import Footprint, Layout
 from hpcdl.runtime.observe import ROOT
@@ -166,7 +167,7 @@ class SlotRecord:
     sizes: list[float] = field(default_factory=list)  # sz abs packed bytes at each of the policy's size_rels
     trials: list[Trial] = field(default_factory=list)  # the candidate codecs' trial encodes
     channels: int | None = None  # a batch norm's input: the encoded tensor's channel dim; then every number above
-                                 # but numel, nonzero and nbytes is of the tensor in channel units (channel_units)
+                                 # but numel, nonzero and nbytes is of the tensor in channel units (in_channel_units)
 
 
 @dataclass
@@ -190,10 +191,10 @@ class Replay:
     scale: float = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
 
 
-def channel_units(tensor: torch.Tensor, channels: int) -> torch.Tensor:
+def in_channel_units(tensor: torch.Tensor, channels: int) -> torch.Tensor:
     """What the ``channels`` stage hands its inner codec for ``tensor``: the source the session encodes, each channel
-    scaled by its power of two (:mod:`hpcdl.compress.channels`)."""
-    return scaled_channels(Layout.of(Footprint.of(tensor)).source(tensor.detach()), channels)[0]
+    scaled by its power of two (:func:`hpcdl.compress.channels.channel_units`)."""
+    return channel_units(Layout.of(Footprint.of(tensor)).source(tensor.detach()), channels)[0]
 
 
 def slot_codec(config: dict, record: SlotRecord) -> dict:
@@ -255,7 +256,7 @@ class RecordingPolicy(Policy):
         return self.codec(self.perturb[self._key])
 
     def _record(self, tensor: torch.Tensor, bound: float | None, channels: int | None = None) -> SlotRecord:
-        data = tensor.detach() if channels is None else channel_units(tensor, channels)
+        data = tensor.detach() if channels is None else in_channel_units(tensor, channels)
         finite = data[torch.isfinite(data)] if not bool(torch.isfinite(data).all()) else data
         low, high = (finite.aminmax() if finite.numel() else (torch.zeros(()), torch.zeros(())))
         record = SlotRecord(numel=data.numel(), value_range=float(high - low), nonzero=int(torch.count_nonzero(data)),
