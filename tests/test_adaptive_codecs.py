@@ -27,7 +27,7 @@ from hpcdl.runtime.adaptive import ActnnController, AdaptiveController, Adaptive
 from hpcdl.runtime.budget import size_rels
 from hpcdl.runtime.policy import GradStat
 from hpcdl.runtime.probe import RecordingPolicy
-from hpcdl.runtime.trials import FAMILIES, QUANT_BITS
+from hpcdl.runtime.trials import CHUNK, FAMILIES, QUANT_BITS, trial
 from hpcdl.train.method_spec import parse_method
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -101,6 +101,24 @@ def test_a_two_valued_slot_is_stored_exactly():
         _step(model, x, target, policy)
     assert len(saved) == 1 and torch.unique(saved[0]).numel() == 2
     assert _same_bits(codec.decode(codec.encode(saved[0])), saved[0])
+
+
+@pytest.mark.parametrize("shape", [(16, 64, 32), (1 << 20,)])
+def test_levels_is_ruled_out_by_the_distinct_values_of_a_few_thousand_elements(shape):
+    """A tensor with many distinct values is refused for ``levels`` after counting them on CHUNK flat elements,
+    whatever its shape (a small multi-dimensional tensor is its own sample: its first rows are not CHUNK values)."""
+    tensor = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    counted = []
+    unique = torch.unique
+
+    def counting_unique(values, *args, **kwargs):
+        counted.append(values.numel())
+        return unique(values, *args, **kwargs)
+
+    with mock.patch.object(torch, "unique", counting_unique):
+        result = trial({"id": "levels"}, tensor, get_codec, threshold=0)
+    assert result.nbytes == float("inf")
+    assert counted == [CHUNK]
 
 
 def _controller_on(tensor: torch.Tensor, allowed: float) -> AdaptiveController:

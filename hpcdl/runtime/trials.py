@@ -87,8 +87,9 @@ def sign_safe(source: torch.Tensor, decoded: torch.Tensor) -> bool:
 def mean_square_error(source: torch.Tensor, decoded: torch.Tensor) -> float:
     """Element-wise mean squared error in float64 over the finite differences (NaN/Inf kept as they are)."""
     error = decoded.double() - source.double()
-    finite = error[torch.isfinite(error)]
-    return float(finite.square().mean()) if finite.numel() else 0.0
+    if not bool(torch.isfinite(error).all()):  # selecting the finite elements copies: only when some are not
+        error = error[torch.isfinite(error)]
+    return float(error.square().mean()) if error.numel() else 0.0
 
 
 def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], threshold: int,
@@ -104,7 +105,7 @@ def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], t
         return result
     part = sample(data)
     if config == EXACT:  # a few thousand values decide most tensors: a sort of the whole sample only if they do not
-        if torch.unique(part[:CHUNK]).numel() > MAX_LEVELS or torch.unique(part).numel() > MAX_LEVELS:
+        if torch.unique(part.reshape(-1)[:CHUNK]).numel() > MAX_LEVELS or torch.unique(part).numel() > MAX_LEVELS:
             return result
         part = data
     codec = codec_of(with_stage(config, entropy))
