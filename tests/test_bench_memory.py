@@ -132,12 +132,43 @@ def test_the_command_measures_writes_json_and_a_plot(tmp_path, capsys):
     assert "[1] baseline: batch 1 peak" in captured.err and "s elapsed" in captured.err
 
 
+DRAWN: list[float] = []  # the first input value of every batch recording_batch drew
+
+
+def recording_batch(batch_size: int, generator: torch.Generator):
+    x, y = wide_cnn_batch(batch_size, generator, size=16)
+    DRAWN.append(float(x.flatten()[0]))
+    return x, y
+
+
+def test_warm_up_steps_run_before_the_measured_step_each_on_a_batch_of_its_own():
+    """An adaptive policy learns from its warm-up steps (its noise estimate compares gradients of different
+    batches), so each warm-up step but the last, which measure_step runs on the measured batch, draws its own."""
+    DRAWN.clear()
+    work = memory.Workload("runtime_models:wide_cnn", options={"channels": 4, "depth": 2}, batch=recording_batch)
+    model_after = {}
+
+    def optimizer(parameters):
+        params = list(parameters)
+        model_after["params"] = params
+        return torch.optim.SGD(params, lr=0.1)
+
+    step = memory.TrainStep(work, 4, "sz:rel=1e-2", warmup_steps=3, optimizer=optimizer)()
+    assert len(DRAWN) == 3 and len(set(DRAWN)) == 3  # the measured batch, then one for each of 2 warm-up steps
+    fresh, *_ = work.build(4, 0)
+    assert any(not torch.equal(p, q) for p, q in zip(model_after["params"], fresh.parameters()))  # they trained
+    assert step()["activation_packed_bytes"] > 0
+    with pytest.raises(ValueError, match="warmup_steps must be a positive int"):
+        memory.TrainStep(work, 4, warmup_steps=0)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "baseline,nosuchcodec:rel=1"], "bad method 'nosuchcodec:rel=1'"),
     (["--budgets", "lots"], "--budgets holds memory sizes"),
     (["--batches", ""], "--batches is a comma-separated list"),
     (["--batches", "1", "--input-shape", "1x32"], "input_shape for hep-cnn"),
     (["--methods", "offload"], "needs --device cuda"),
+    (["--warmup-steps", "0"], "--warmup-steps is a whole number of steps >= 1"),
 ])
 def test_the_command_refuses_bad_input(args, message, capsys, tmp_path):
     code = main(["bench", "memory", "--model", "hep-cnn", "--scale", "tiny", "--out", str(tmp_path), *args])

@@ -94,6 +94,7 @@ class MemoryBenchReport:
     methods: list[MethodResult]
     projection_note: str
     mlperf_deepcam: dict
+    warmup_steps: int = 1
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -176,9 +177,13 @@ def run_memory_benchmark(
     device: str = "cpu",
     threads: int | None = None,
     limit: int = 1 << 16,
+    warmup_steps: int = 1,
     progress: Callable[[str], None] = lambda line: None,
 ) -> MemoryBenchReport:
-    """Measure every method (see the module docstring); ``progress`` gets one line per probe."""
+    """Measure every method (see the module docstring); ``progress`` gets one line per probe.
+
+    Every probe runs ``warmup_steps`` steps before the measured one (see :class:`hpcdl.memory.TrainStep`).
+    """
     import torch
 
     from hpcdl import memory
@@ -188,6 +193,8 @@ def run_memory_benchmark(
     parsed: list[Method] = parse_methods(methods)
     if not batches:
         raise MemoryBenchError("give at least one batch size (--batches 1,2,4)")
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise MemoryBenchError(f"--warmup-steps is a whole number of steps >= 1, got {warmup_steps!r}")
     target = torch.device(device)
     if target.type not in ("cpu", "cuda"):
         raise MemoryBenchError(f"--device is cpu or cuda[:N], got {device!r}")
@@ -215,14 +222,16 @@ def run_memory_benchmark(
         result = MethodResult(method.spec, method.kind, runtime.describe())
         for batch in batches:
             progress(f"measuring {method.spec} at batch {batch} ...")
-            report = memory.peak(memory.TrainStep(workload, batch, device=device, method=runtime),
-                                 device=device, process=process)
+            step = memory.TrainStep(workload, batch, device=device, method=runtime, warmup_steps=warmup_steps)
+            report = memory.peak(step, device=device, process=process)
             measured(method.spec, batch, report)
             kind = report.method
             result.peaks.append({"batch": batch, "peak_bytes": report.peak_bytes,
                                  "activation_original_bytes": report.info["activation_original_bytes"],
                                  "activation_packed_bytes": report.info["activation_packed_bytes"],
-                                 "breakdown": memory.breakdown(report)})
+                                 "breakdown": memory.breakdown(report),
+                                 "learning_steps": report.info.get("learning_steps", 0),
+                                 "learning_peak_bytes": report.info.get("learning_peak_bytes")})
         step = _per_sample(result.peaks, lambda row: row["peak_bytes"])
         footprint = _per_sample(result.peaks, lambda row: row["breakdown"]["footprint"])
         if step is not None and footprint is not None:
@@ -233,6 +242,7 @@ def run_memory_benchmark(
             progress(f"searching the largest batch of {method.spec} within {text} ...")
             search = memory.search_batch(
                 workload, None, budget, device=device, method=runtime, limit=limit, process=process,
+                warmup_steps=warmup_steps,
                 on_probe=functools.partial(measured, f"{method.spec} within {text}"))
             result.searches.append({"budget": text, "budget_bytes": budget, "batch": search.batch_size,
                                     "peak_bytes": search.peak_bytes, "hit_limit": search.hit_limit,
@@ -252,7 +262,7 @@ def run_memory_benchmark(
             "memory, both taken as linear in b through the two largest measured batches. Bytes measured "
             f"on {device} ({kind}); on a GPU this assumes the same bytes, and ignores the CUDA context, the caching "
             "allocator's slack, cuDNN workspaces and mixed precision."),
-        mlperf_deepcam=MLPERF_DEEPCAM,
+        mlperf_deepcam=MLPERF_DEEPCAM, warmup_steps=warmup_steps,
     )
 
 
@@ -280,7 +290,14 @@ def format_report(report: MemoryBenchReport) -> str:
         searches = [f"{s['batch']}{'+' if s['hit_limit'] else ''}" for s in result.searches]
         rows.append((result.method, *(human_bytes(p["peak_bytes"]) for p in result.peaks),
                      _size(result.per_sample_bytes), "-" if ratio is None else f"{ratio:.2f}x", *searches))
-    out += ["Step peak (above the state resident before the step) per batch:", *_table(header, rows), ""]
+    warmup = f" after {report.warmup_steps} warm-up steps" if report.warmup_steps > 1 else ""
+    out += [f"Step peak (above the state resident before the step){warmup} per batch:", *_table(header, rows), ""]
+    learning = [(f"{result.method} @{peak['batch']}", str(peak["learning_steps"]), human_bytes(peak["learning_peak_bytes"]))
+                for result in report.methods for peak in result.peaks if peak.get("learning_steps")]
+    if learning:
+        out += ["Learning steps passed over before the measured step (an adaptive policy's probes, which replay "
+                "uncompressed; a run meets this peak at every probe, and the budget searches fit it too):",
+                *_table(("method", "steps", "their peak"), learning), ""]
     parts = ("resident", "gradients", "saved_activations", "packed_activations", "decoded_peak",
              "largest_packed_original", "held_originals_peak", "remainder")
     rows = [(f"{result.method} @{peak['batch']}", human_bytes(peak["peak_bytes"]), peak["breakdown"]["peak_in"],

@@ -29,6 +29,9 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--limit", type=int, default=1 << 16, help="largest batch a search tries (default 65536)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in each measuring process")
+    parser.add_argument("--warmup-steps", type=int, default=1,
+                        help="steps each probe runs before the measured one (default 1); more for a method whose "
+                             "usual step comes later, e.g. an adaptive policy after a few probes")
     parser.add_argument("--out", default="runs/bench-memory", help="directory for bench-memory.json and .png")
     parser.set_defaults(handler=_run)
 
@@ -65,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
     report = run_memory_benchmark(
         args.model, args.scale, methods=args.methods, batches=batches, budgets=budgets,
         input_shape=parse_input_shape(args.input_shape), options=_options(args.option), device=args.device,
-        threads=args.threads, limit=args.limit, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        threads=args.threads, limit=args.limit, warmup_steps=args.warmup_steps, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_report(report))
     json_path, png_path = write_report(report, args.out)
     print(f"\nwritten: {json_path}, {png_path}")

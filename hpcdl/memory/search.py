@@ -47,12 +47,13 @@ def search_batch(
     process: MeasuringProcess | FreshProcesses | None = None,
     method: ActivationMethod | None = None,
     optimizer: Callable | None = None,
+    warmup_steps: int = 1,
     **workload,
 ) -> BatchSearch:
     """Search measured peaks for the largest batch within ``budget_bytes``; see :func:`max_batch`.
 
-    ``method`` (an :mod:`hpcdl.runtime.methods` object, instead of ``policy``) and ``optimizer`` (a
-    picklable ``parameters -> Optimizer``) are passed to every probe's :class:`TrainStep`.
+    ``method`` (an :mod:`hpcdl.runtime.methods` object, instead of ``policy``), ``optimizer`` (a
+    picklable ``parameters -> Optimizer``) and ``warmup_steps`` are passed to every probe's :class:`TrainStep`.
     """
     budget = parse_bytes(budget_bytes)
     if not (isinstance(start, int) and isinstance(limit, int) and 1 <= start <= limit):
@@ -66,7 +67,7 @@ def search_batch(
     child = (process or MeasuringProcess(threads)) if target.type == "cpu" else None
 
     def fits(batch_size: int) -> bool:
-        step = TrainStep(work, batch_size, policy, device, threshold, seed, method, optimizer)
+        step = TrainStep(work, batch_size, policy, device, threshold, seed, method, optimizer, warmup_steps)
         try:
             report = child.peak(step) if child else measure_step(step, target)
         except torch.cuda.OutOfMemoryError:

@@ -95,8 +95,6 @@ class Workload:
 
             family = models.family(self.zoo_name)
             model = family.build(self.scale, **self.options)
-            make_batch = _resolve(self.batch, "batch") if self.batch else \
-                (lambda size, gen: family.example_batch(self.scale, size, gen, self.input_shape))
             loss = _resolve(self.loss, "loss") if self.loss else family.loss
         else:
             if self.input_shape is not None:
@@ -107,10 +105,17 @@ class Workload:
             if self.batch is None:
                 raise ValueError(f"model {self.describe()} is not from hpcdl.models, so pass batch=... "
                                  "(a callable or 'module:function' taking (batch_size, generator) -> (x, y))")
-            make_batch = _resolve(self.batch, "batch")
             loss = _resolve(self.loss, "loss") if self.loss else _default_loss
-        x, y = make_batch(batch_size, generator)
+        x, y = self.draw(batch_size, generator)
         return model, x, y, loss
+
+    def draw(self, batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch ``(x, y)`` on the CPU: ``batch``'s, or the zoo model family's ``example_batch``."""
+        if self.batch is not None:
+            return _resolve(self.batch, "batch")(batch_size, generator)
+        from hpcdl import models
+
+        return models.family(self.zoo_name).example_batch(self.scale, batch_size, generator, self.input_shape)
 
 
 def default_optimizer(parameters) -> torch.optim.Optimizer:
@@ -142,7 +147,12 @@ class TrainStep:
     momentum; the trainer's batch search passes the run's own). Calling it builds the model, batch
     and optimizer on ``device`` and returns the step function (a setup for
     :func:`hpcdl.memory.peak`): :func:`hpcdl.runtime.methods.train_step`, then the gradients
-    released, so the measured step starts where a previous step left off. The step returns the
+    released, so the measured step starts where a previous step left off; ``warmup_steps`` more than one
+    runs that many less one steps before returning it, each on a batch of its own
+    (:func:`~hpcdl.memory.peak.measure_step` runs the last warm-up step, on the measured batch), for a
+    method whose usual step comes only after several and learns from their batches (an adaptive policy's
+    decisions after a few probes, its noise estimate from the gradients of different batches). The step
+    returns the
     session's activation byte counts, the name of the step function it ran and the parts of its
     memory (``parts``, a :class:`~hpcdl.memory.breakdown.StepParts` as a dict; see
     :func:`hpcdl.memory.breakdown.breakdown`).
@@ -156,10 +166,13 @@ class TrainStep:
     seed: int = 0
     method: ActivationMethod | None = None
     optimizer: Callable | None = None
+    warmup_steps: int = 1
 
     def __post_init__(self):
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be a positive int, got {self.warmup_steps!r}")
         step_method(self.method, self.policy, self.threshold)  # a bad combination fails here, not in the child
 
     def __call__(self) -> Callable[[], dict]:
@@ -180,9 +193,10 @@ class TrainStep:
             probe.forward_end()
             return loss
 
-        def step() -> dict:
+        def step(batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+            inputs, targets = (x, y) if batch is None else batch
             probe.start()
-            result = step_function(model, method, x, y, loss_at_forward_end, optimizer)
+            result = step_function(model, method, inputs, targets, loss_at_forward_end, optimizer)
             gradients = tensor_bytes([p.grad for p in model.parameters() if p.grad is not None])
             optimizer.zero_grad(set_to_none=True)
             stats = result.stats
@@ -195,4 +209,7 @@ class TrainStep:
                 "parts": asdict(probe.parts(model, optimizer, (x, y), gradients, stats)),
             }
 
+        for index in range(1, self.warmup_steps):
+            inputs, targets = self.workload.draw(self.batch_size, torch.Generator().manual_seed(self.seed + index))
+            step((inputs.to(device), targets.to(device)))
         return step
