@@ -222,8 +222,8 @@ def run_memory_benchmark(
         result = MethodResult(method.spec, method.kind, runtime.describe())
         for batch in batches:
             progress(f"measuring {method.spec} at batch {batch} ...")
-            step = memory.TrainStep(workload, batch, device=device, method=runtime, warmup_steps=warmup_steps)
-            report = memory.peak(step, device=device, process=process)
+            setup = memory.TrainStep(workload, batch, device=device, method=runtime, warmup_steps=warmup_steps)
+            report = memory.peak(setup, device=device, process=process)
             measured(method.spec, batch, report)
             kind = report.method
             result.peaks.append({"batch": batch, "peak_bytes": report.peak_bytes,
@@ -292,7 +292,7 @@ def format_report(report: MemoryBenchReport) -> str:
                      _size(result.per_sample_bytes), "-" if ratio is None else f"{ratio:.2f}x", *searches))
     warmup = f" after {report.warmup_steps} warm-up steps" if report.warmup_steps > 1 else ""
     out += [f"Step peak (above the state resident before the step){warmup} per batch:", *_table(header, rows), ""]
-    learning = [(f"{result.method} @{peak['batch']}", str(peak["learning_steps"]), human_bytes(peak["learning_peak_bytes"]))
+    learning: list[tuple[str, ...]] = [(f"{result.method} @{peak['batch']}", str(peak["learning_steps"]), human_bytes(peak["learning_peak_bytes"]))
                 for result in report.methods for peak in result.peaks if peak.get("learning_steps")]
     if learning:
         out += ["Learning steps passed over before the measured step (an adaptive policy's probes, which replay "

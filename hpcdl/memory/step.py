@@ -115,6 +115,7 @@ class Workload:
             return _resolve(self.batch, "batch")(batch_size, generator)
         from hpcdl import models
 
+        assert self.zoo_name is not None  # a model from elsewhere has a batch (build refuses it otherwise)
         return models.family(self.zoo_name).example_batch(self.scale, batch_size, generator, self.input_shape)
 
 
