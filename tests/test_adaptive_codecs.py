@@ -10,6 +10,7 @@ choice is the default.)
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from unittest import mock
@@ -25,9 +26,9 @@ from hpcdl.compress.quant import Quant
 from hpcdl.runtime import Policy
 from hpcdl.runtime.adaptive import ActnnController, AdaptiveController, AdaptiveOptions, Slot
 from hpcdl.runtime.budget import size_rels
-from hpcdl.runtime.policy import GradStat
+from hpcdl.runtime.policy import GradStat, spec_from_config
 from hpcdl.runtime.probe import RecordingPolicy
-from hpcdl.runtime.trials import CHUNK, FAMILIES, QUANT_BITS, trial
+from hpcdl.runtime.trials import CHUNK, FAMILIES, QUANT_BITS, trial, trials
 from hpcdl.train.method_spec import parse_method
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -119,6 +120,60 @@ def test_levels_is_ruled_out_by_the_distinct_values_of_a_few_thousand_elements(s
         result = trial({"id": "levels"}, tensor, get_codec, threshold=0)
     assert result.nbytes == float("inf")
     assert counted == [CHUNK]
+
+
+def test_a_candidate_less_faithful_than_one_that_erred_past_the_limit_is_not_encoded():
+    """quant at 8 bits errs more than the limit here, so 4, 2 and 1 bits (which err more still) are not tried,
+    and fp8 is not tried after bf16 did; what is tried is the very trial an unlimited run records."""
+    data = F.gelu(torch.randn(64, 1024, generator=torch.Generator().manual_seed(0)))
+    unlimited = trials(FAMILIES["all"], data, get_codec, threshold=0)
+    by_codec = {spec_from_config(t.codec): t for t in unlimited}
+    limit = min(by_codec["quant:bits=8,seed=0"].mse, by_codec["cast:bf16"].mse) / 2
+    limited = trials(FAMILIES["all"], data, get_codec, threshold=0, limit=limit)
+    assert [t.codec for t in limited] == [t.codec for t in unlimited]  # same order as the candidates
+    for got, full in zip(limited, unlimited):
+        name = spec_from_config(got.codec)
+        if name in ("quant:bits=8,seed=0", "cast:bf16", "levels"):
+            assert got == full
+        else:
+            assert got.nbytes == math.inf and got.mse == math.inf and not got.safe and full.mse > limit
+
+
+@pytest.mark.parametrize("reach", [4, 32])
+@pytest.mark.parametrize("kind", ["uniform", "gelu"])
+def test_leaving_out_candidates_that_err_past_the_limit_changes_no_choice(kind, reach):
+    """The exact replay's limit is the error variance the largest bound a probe may give a slot allows, times
+    LIMIT_MARGIN; below it, the cheapest codec among the trials it made is the cheapest among all candidates.
+    Swept over allowed variances up to the most a decision may allow (uniform noise, where quant beats sz, and
+    a GELU output), for a slot that may reach 4x the bound it is tried at (where trials are left out) and 32x
+    (where quant at 2 bits and fp8 are choices)."""
+    generator = torch.Generator().manual_seed(0)
+    data = torch.rand(65536, generator=generator) + 1.0 if kind == "uniform" else \
+        F.gelu(torch.randn(65536, generator=generator))
+    controller = AdaptiveController()
+    trial_bound = 0.01 * float(data.max() - data.min())  # the recorders' probe_rel of its range
+    largest = reach * trial_bound  # the largest bound the decision may give the slot (passed as its limit)
+    full = RecordingPolicy({}, size_rels=size_rels(controller.options.max_rel), candidates=FAMILIES["all"])
+    limited = RecordingPolicy({}, size_rels=size_rels(controller.options.max_rel), candidates=FAMILIES["all"],
+                              bound_limits={"t#0": largest})
+    slots = []
+    for recorder in (full, limited):
+        recorder._key = "t#0"
+        record = recorder._record(data, None)
+        slots.append(Slot(numel=record.numel, value_range=record.value_range, nbytes=record.nbytes,
+                          sizes=record.sizes, trials=[vars(t) for t in record.trials],
+                          kappa=record.trial_mse / (record.trial_bound ** 2 / 3)))
+    everything, pruned = slots
+    tried, all_tried = (sum(math.isfinite(t["mse"]) for t in slot.trials) for slot in (pruned, everything))
+    assert tried < all_tried if reach == 4 else tried <= all_tried
+    most = everything.kappa * largest ** 2 / 3
+    chosen = set()
+    crossings = [1.05 * t["mse"] for t in everything.trials if t["mse"] <= most]  # where a codec becomes allowed
+    for allowed in sorted([*crossings, *(most * torch.logspace(-6, 0, 61)).tolist()]):
+        pruned.bound = everything.bound = math.sqrt(3 * allowed / everything.kappa)  # as decide sets them
+        assert controller._cheapest(pruned, allowed) == controller._cheapest(everything, allowed)
+        chosen.add(spec_from_config(controller._cheapest(everything, allowed)))
+    assert len(chosen) >= 2  # the sweep crosses from one codec to another
 
 
 def _controller_on(tensor: torch.Tensor, allowed: float) -> AdaptiveController:

@@ -328,7 +328,8 @@ class AdaptiveController(Controller):
                                                  threshold=capture.threshold, whole_numel=self.whole_numel,
                                                  entropy=self.options.entropy,
                                                  per_channel=self.options.channels == "batchnorm",
-                                                 sign_rule=self.sign_rule, bare=bare),
+                                                 sign_rule=self.sign_rule, bare=bare,
+                                                 bound_limits=self.bound_limits(), growth=GROWTH),
                                  layer_calls=[])
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
@@ -377,6 +378,14 @@ class AdaptiveController(Controller):
     def candidates(self) -> tuple[dict, ...]:
         """The codecs the exact replay trial-encodes each slot with (besides sz)."""
         return FAMILIES[self.options.codecs]
+
+    def bound_limits(self) -> dict[str, float] | None:
+        """Per slot, the largest bound :meth:`decide` may give it at this probe (its cap, less ``max_rel``), unless
+        it is measured now at a larger trial bound: what lets the exact replay leave out candidates that err too
+        much (:func:`hpcdl.runtime.trials.trials`). None in budget mode, where the byte budget sets the bounds."""
+        if self.options.budget:
+            return None
+        return {key: GROWTH * max(slot.measured_bound, slot.bound) for key, slot in self.slots.items()}
 
     def size_rels(self) -> tuple[float, ...]:
         """Where the exact replay measures each slot's sz bytes: the ladder, when bytes decide (budget mode) or
@@ -816,6 +825,9 @@ class ActnnController(AdaptiveController):
 
     def size_rels(self) -> tuple[float, ...]:
         return ()  # sz is no candidate: no ladder
+
+    def bound_limits(self) -> None:
+        return None  # a bit budget, not bounds, decides: every bit width is a choice
 
     def byte_budget(self) -> float:
         return self.budget_bytes

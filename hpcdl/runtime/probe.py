@@ -38,6 +38,7 @@ output-gradient norms by the same factor, because a weight gradient's error from
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -51,7 +52,11 @@ from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
 from hpcdl.runtime.recompute import buffers_kept
 from hpcdl.runtime.session import compressed
-from hpcdl.runtime.trials import Trial, sample, trial, whole_bytes
+from hpcdl.runtime.trials import Trial, sample, trials, whole_bytes
+
+#: How far above the error variance a slot may be allowed (RecordingPolicy._error_limit) a candidate's error must
+#: be before its less faithful kin are not tried: each rank measures its own batch, and they average.
+LIMIT_MARGIN = 4.0
 
 #: Layers whose saved input enters only their weight gradient, linearly: the closed form applies.
 CLOSED_FORM_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -218,12 +223,16 @@ class RecordingPolicy(Policy):
                  perturb: dict[str, dict] | None = None, size_rels: tuple[float, ...] = (),
                  candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None,
                  entropy: str = "none", per_channel: bool = True, sign_rule: bool = True,
-                 bare: set[str] | None = None):
+                 bare: set[str] | None = None, bound_limits: dict[str, float] | None = None, growth: float = 2.0):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.entropy = entropy  # the entropy stage training adds to every codec: sizes and trials measure with it
         self.per_channel = per_channel  # exact replay: batch norms' inputs are recorded in channel units
         self.sign_rule = sign_rule  # the controller refuses codecs that move values across zero: do not try them
         self.bare = bare or set()  # exact replay: slots recorded without trial encodes (kept as they are anyway)
+        # exact replay: the largest bound the decision may give each slot before it is measured again (at least
+        # growth times its trial bound, which it may be measured at now), from which a candidate's error rules
+        # out its less faithful kin (trials.trials); None: every candidate is tried
+        self.bound_limits, self.growth = bound_limits, growth
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
         self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
@@ -286,8 +295,17 @@ class RecordingPolicy(Policy):
             record.sizes = [whole_bytes(self.codec(with_stage(sz_abs(rel * record.value_range), self.entropy))
                                         .encode(part), source, part) for rel in self.size_rels]
         has_zeros = self.sign_rule and record.nonzero < record.numel
-        record.trials = [trial(config, source, self.codec, self.threshold, self.entropy, has_zeros)
-                         for config in self.candidates]
+        record.trials = trials(self.candidates, source, self.codec, self.threshold, self.entropy, has_zeros,
+                               self._error_limit(record))
+
+    def _error_limit(self, record: SlotRecord) -> float:
+        """The most error variance the slot's decision may allow at this probe: sz's measured error at the trial
+        bound scaled to the largest bound it may get, with :data:`LIMIT_MARGIN` to spare (other ranks measure
+        their own batches); infinite where not known."""
+        if self.bound_limits is None or record.trial_bound <= 0:
+            return math.inf
+        largest = max(self.bound_limits.get(self._key, 0.0), self.growth * record.trial_bound)
+        return LIMIT_MARGIN * record.trial_mse * (largest / record.trial_bound) ** 2
 
 
 @contextlib.contextmanager

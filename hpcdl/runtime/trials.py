@@ -9,6 +9,11 @@ Candidates (docs/adaptive.md, "Codec choice"):
 * ``cast`` to bf16 and to fp8 e4m3 (round to nearest: a small bias, errors proportional to |x|);
 * ``levels``: exact for a tensor of at most 256 distinct values (a dropout scale tensor has two).
 
+Where the controller knows the most error variance a slot can be allowed at this probe (its bound may grow
+only so far: ``decide``'s cap), a candidate less faithful than one of its own kind whose error already
+exceeded that is not encoded (:func:`trials`): quant's error only grows as its bits fall, a cast's as its
+mantissa narrows.
+
 Large tensors are sampled: ``SAMPLE_CHUNKS`` chunks of ``CHUNK`` elements spread evenly over the flat tensor
 are encoded together and the payload bytes scaled to the whole tensor (quant's groups and the chunks both
 divide 4096, so the per-group statistics scale exactly). ``levels`` must be exact on every element, so it is
@@ -47,6 +52,20 @@ NO_ARENA = ("quant", "cast")
 #: (0 of 540 such quant trials passed it in one-epoch runs of the three shipped CPU configs; all 1,948 on
 #: tensors without zeros did).
 LOSES_ZEROS = ("quant",)
+
+
+#: A candidate's fidelity within its kind (:func:`trials` tries the most faithful first): quant's bits, a cast's
+#: mantissa bits.
+MANTISSA_BITS = {"fp16": 10, "bf16": 7, "fp8_e4m3": 3, "fp8_e5m2": 2}
+
+
+def fidelity(config: dict) -> int:
+    """How faithful ``config`` is among the candidates of its ``id``: more is less error on any tensor."""
+    if config["id"] == "quant":
+        return int(config["bits"])
+    if config["id"] == "cast":
+        return MANTISSA_BITS.get(config["dtype"], 0)
+    return 0
 
 
 @dataclass
@@ -118,3 +137,21 @@ def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], t
     result.mse = mean_square_error(part, decoded)
     result.safe = 1.0 if sign_safe(part, decoded) else 0.0
     return result
+
+
+def trials(configs: tuple[dict, ...], data: torch.Tensor, codec_of: Callable[[dict], Codec], threshold: int,
+           entropy: str = "none", has_zeros: bool = False, limit: float = math.inf) -> list[Trial]:
+    """Every candidate's :func:`trial` on ``data``, in the order of ``configs``, except that a candidate less
+    faithful than one of its own id whose mean squared error exceeded ``limit`` is not encoded: it would err
+    more still, so it is recorded unusable (its Trial's defaults)."""
+    results: dict[int, Trial] = {}
+    over_limit: set[str] = set()
+    for index in sorted(range(len(configs)), key=lambda i: (configs[i]["id"], -fidelity(configs[i]))):
+        config = configs[index]
+        if config["id"] in over_limit:
+            results[index] = Trial(dict(config))
+            continue
+        results[index] = result = trial(config, data, codec_of, threshold, entropy, has_zeros)
+        if result.mse > limit:
+            over_limit.add(config["id"])
+    return [results[index] for index in range(len(configs))]
