@@ -52,7 +52,7 @@ from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
 from hpcdl.runtime.recompute import buffers_kept
 from hpcdl.runtime.session import compressed
-from hpcdl.runtime.trials import Trial, sample, trials, whole_bytes
+from hpcdl.runtime.trials import Trial, mean_square_error, sample, trials, whole_bytes
 
 #: How far above the error variance a slot may be allowed (RecordingPolicy._error_limit) a candidate's error must
 #: be before its less faithful kin are not tried: each rank measures its own batch, and they average.
@@ -284,14 +284,14 @@ class RecordingPolicy(Policy):
         return record
 
     def _trial_encodes(self, record: SlotRecord, source: torch.Tensor) -> None:
-        """What the exact replay encodes ``source`` (a slot's contiguous tensor) with: sz at the trial bound (its
-        error), sz at the ladder of ``size_rels`` (bytes), every candidate codec (bytes, error, sign rule)."""
+        """What the exact replay encodes ``source`` (a slot's contiguous tensor) with, on its sample
+        (:func:`~hpcdl.runtime.trials.sample`): sz at the trial bound (its error), sz at the ladder of
+        ``size_rels`` (bytes), every candidate codec (bytes, error, sign rule)."""
+        part = sample(source)
         if record.trial_bound > 0:
             codec = self.codec(sz_abs(record.trial_bound))
-            error = codec.decode(codec.encode(source)).double() - source.double()
-            record.trial_mse = float(error[torch.isfinite(error)].square().mean()) if error.numel() else 0.0
+            record.trial_mse = mean_square_error(part, codec.decode(codec.encode(part)))
         if record.value_range > 0:
-            part = sample(source)
             record.sizes = [whole_bytes(self.codec(with_stage(sz_abs(rel * record.value_range), self.entropy))
                                         .encode(part), source, part) for rel in self.size_rels]
         has_zeros = self.sign_rule and record.nonzero < record.numel
