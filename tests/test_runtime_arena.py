@@ -8,6 +8,7 @@ longer than its members need it.
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -140,6 +141,29 @@ def test_masks_indices_parameters_and_the_loss_stay_out_of_arenas():
     assert arena[("(outside)", "activation")] == 0 and session.stats.row("(outside)", "activation").kept > 0
     assert session.stats.row("0", "parameter").count > 0
     loss.backward()
+
+
+def test_small_tensors_under_levels_stay_out_of_arenas_that_would_hold_too_many_distinct_values():
+    """levels takes each of these tensors (200 distinct values) but not the two concatenated (400), so they do not
+    share an arena: kept as they are, exact, and no fallback (a batch norm's saved mean and invstd at 256
+    channels each, once the adaptive controller chose levels for them, fell back with a warning every step)."""
+    levels = Policy.static({"id": "levels"})
+    assert member_codec(levels.codec({"id": "levels"}), torch.zeros(3), levels.codec) is None
+    assert member_codec(levels.codec({"id": "levels", "entropy": "zstd"}), torch.zeros(3), levels.codec) is None
+
+    def build(x):
+        return [x * 0 + torch.arange(200.0), x * 0 + torch.arange(200.0) + 0.5]
+
+    x = torch.randn(200, requires_grad=True)
+    model = _Saves(build)
+    expected = torch.autograd.grad(model(x), x)[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with compressed(model, levels) as session:
+            loss = model(x)
+        assert torch.equal(torch.autograd.grad(loss, x)[0], expected)
+    assert not [w for w in caught if issubclass(w.category, CompressionFallbackWarning)]
+    assert not _arenas(session)
 
 
 def test_dtypes_and_codecs_get_their_own_arenas_and_stay_exact_when_lossless():

@@ -159,6 +159,9 @@ class Codec(ABC):
     dtypes: ClassVar[frozenset[torch.dtype]]
     error_bounded: ClassVar[bool] = False
     lossless: ClassVar[bool] = False
+    #: Whether the codec can refuse a tensor for what its elements hold together (levels: at most 256 distinct
+    #: values), so that tensors it takes one by one may fail concatenated (an arena cannot share it).
+    whole_tensor_limit: ClassVar[bool] = False
 
     def encode(self, tensor: torch.Tensor) -> Packed:
         if not isinstance(tensor, torch.Tensor):

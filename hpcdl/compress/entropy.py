@@ -90,6 +90,10 @@ class EntropyStage(Codec):
     def lossless(self) -> bool:  # type: ignore[override]
         return self.inner.lossless
 
+    @property
+    def whole_tensor_limit(self) -> bool:  # type: ignore[override]
+        return self.inner.whole_tensor_limit
+
     def get_config(self) -> dict:
         return {**self.inner.get_config(), "entropy": self.method}
 

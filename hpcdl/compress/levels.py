@@ -39,6 +39,7 @@ class Levels(Codec):
     modes = ("lossless",)
     dtypes = FLOAT_DTYPES
     lossless = True
+    whole_tensor_limit = True
 
     def get_config(self) -> dict:
         return {"id": self.codec_id}

@@ -46,7 +46,7 @@ CASTS = ({"id": "cast", "dtype": "bf16"}, {"id": "cast", "dtype": "fp8_e4m3"})
 FAMILIES: dict[str, tuple[dict, ...]] = {"all": (*QUANT, *CASTS, EXACT), "sz": (), "quant": QUANT}
 #: Candidates that cannot join an arena (hpcdl.runtime.arena.member_codec): a tensor under the session's
 #: threshold would be kept as it is, so they are tried only on tensors of at least the threshold's bytes.
-NO_ARENA = ("quant", "cast")
+NO_ARENA = ("quant", "cast", "levels")
 #: Candidates that move values to or away from zero: stochastic rounding takes a value smaller than a grid step
 #: to zero or to the step, so on a tensor with zeros they fail the sign rule (sign_safe) and are not tried
 #: (0 of 540 such quant trials passed it in one-epoch runs of the three shipped CPU configs; all 1,948 on
