@@ -295,7 +295,9 @@ class RecordingPolicy(Policy):
             record.sizes = [whole_bytes(self.codec(with_stage(sz_abs(rel * record.value_range), self.entropy))
                                         .encode(part), source, part) for rel in self.size_rels]
         has_zeros = self.sign_rule and record.nonzero < record.numel
-        record.trials = trials(self.candidates, source, self.codec, self.threshold, self.entropy, has_zeros,
+        # the session's threshold applies to the training step's tensor, of which a sub-batch replay has a part
+        threshold = self.threshold * record.numel / max(self.whole_numel.get(self._key, record.numel), 1)
+        record.trials = trials(self.candidates, source, self.codec, threshold, self.entropy, has_zeros,
                                self._error_limit(record))
 
     def _error_limit(self, record: SlotRecord) -> float:

@@ -111,7 +111,7 @@ def mean_square_error(source: torch.Tensor, decoded: torch.Tensor) -> float:
     return float(error.square().mean()) if error.numel() else 0.0
 
 
-def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], threshold: int,
+def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], threshold: float,
           entropy: str = "none", has_zeros: bool = False) -> Trial:
     """``config``'s trial encode of the contiguous tensor ``data`` (sampled when large), with the entropy stage
     ``entropy`` that training adds to it (hpcdl.compress.entropy), so that the bytes are what training keeps;
@@ -139,7 +139,7 @@ def trial(config: dict, data: torch.Tensor, codec_of: Callable[[dict], Codec], t
     return result
 
 
-def trials(configs: tuple[dict, ...], data: torch.Tensor, codec_of: Callable[[dict], Codec], threshold: int,
+def trials(configs: tuple[dict, ...], data: torch.Tensor, codec_of: Callable[[dict], Codec], threshold: float,
            entropy: str = "none", has_zeros: bool = False, limit: float = math.inf) -> list[Trial]:
     """Every candidate's :func:`trial` on ``data``, in the order of ``configs``, except that a candidate less
     faithful than one of its own id whose mean squared error exceeded ``limit`` is not encoded: it would err
