@@ -292,8 +292,9 @@ def format_report(report: MemoryBenchReport) -> str:
                      _size(result.per_sample_bytes), "-" if ratio is None else f"{ratio:.2f}x", *searches))
     warmup = f" after {report.warmup_steps} warm-up steps" if report.warmup_steps > 1 else ""
     out += [f"Step peak (above the state resident before the step){warmup} per batch:", *_table(header, rows), ""]
-    learning: list[tuple[str, ...]] = [(f"{result.method} @{peak['batch']}", str(peak["learning_steps"]), human_bytes(peak["learning_peak_bytes"]))
-                for result in report.methods for peak in result.peaks if peak.get("learning_steps")]
+    learning: list[tuple[str, ...]] = [
+        (f"{result.method} @{peak['batch']}", str(peak["learning_steps"]), human_bytes(peak["learning_peak_bytes"]))
+        for result in report.methods for peak in result.peaks if peak.get("learning_steps")]
     if learning:
         out += ["Learning steps passed over before the measured step (an adaptive policy's probes, which replay "
                 "uncompressed; a run meets this peak at every probe, and the budget searches fit it too):",

@@ -68,7 +68,8 @@ def _run(args: argparse.Namespace) -> int:
     report = run_memory_benchmark(
         args.model, args.scale, methods=args.methods, batches=batches, budgets=budgets,
         input_shape=parse_input_shape(args.input_shape), options=_options(args.option), device=args.device,
-        threads=args.threads, limit=args.limit, warmup_steps=args.warmup_steps, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        threads=args.threads, limit=args.limit, warmup_steps=args.warmup_steps,
+        progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_report(report))
     json_path, png_path = write_report(report, args.out)
     print(f"\nwritten: {json_path}, {png_path}")

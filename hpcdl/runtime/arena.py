@@ -48,8 +48,8 @@ def member_codec(codec: Codec, source: torch.Tensor, codec_of: Callable[[dict], 
 
     None means the tensor cannot share an arena: a codec whose result depends on the whole tensor and has no
     pointwise form (``quant``, ``cast``, a plugin that is neither lossless nor error-bounded), a codec that may
-    refuse members together that it takes one by one (``levels``: its 256 distinct values are per tensor), or a ``rel``
-    bound on a tensor without two distinct finite values (its bound is 0). ``codec_of`` builds a codec from a
+    refuse members together that it takes one by one (``levels``: its 256 distinct values are per tensor), or a
+    ``rel`` bound on a tensor without two distinct finite values (its bound is 0). ``codec_of`` builds a codec from a
     config (the policy's cache).
     """
     if codec.whole_tensor_limit:
