@@ -12,14 +12,16 @@ from hpcdl.train.comparison import DEFAULT_METHOD_LABEL
 
 @pytest.mark.slow
 def test_demo_trains_baseline_and_the_default_policy_and_reports_the_batch_that_fits(tmp_path):
-    rows, missing = run_demo(tmp_path, epochs=1, steps_per_epoch=1, budget="4MiB", workloads=("climate-deeplab",),
+    # At 12 MiB the baseline fits about 6 samples and sz about 10: a gap far past the CPU peak's noise (about
+    # 0.5 MiB of resident pages per probe). At 4 MiB both fit 2 and one noisy probe flipped the comparison.
+    rows, missing = run_demo(tmp_path, epochs=1, steps_per_epoch=1, budget="12MiB", workloads=("climate-deeplab",),
                              progress=False)
     assert missing == {}
     baseline, compressed = rows
     assert (baseline.method, compressed.method) == ("baseline", DEFAULT_METHOD_LABEL)
     assert baseline.activation_packed_bytes == 0 and compressed.activation_original_bytes > \
         3 * compressed.activation_packed_bytes
-    assert compressed.max_batch >= baseline.max_batch >= 1
+    assert compressed.max_batch > baseline.max_batch >= 1
     assert baseline.metric_name == "miou" and 0 <= compressed.val_metric <= 1
     table = format_table(rows, {"hep-jets": "sample missing"})
     assert "deeplabv3p-climate (tiny)" in table and DEFAULT_METHOD_LABEL in table and "NOT RUN: hep-jets" in table
