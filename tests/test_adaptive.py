@@ -19,7 +19,7 @@ from torch import nn
 
 import hpcdl
 from hpcdl.bench.gradients import attention_reproduction, batchnorm_reproduction
-from hpcdl.runtime import Policy, PolicySpecError, adaptive, policy_from_spec
+from hpcdl.runtime import Policy, PolicySpecError, adaptive, policy_from_spec, probe
 from hpcdl.runtime.adaptive import COST_FIELDS
 from hpcdl.runtime.fidelity import gradient_cosine, step_gradients
 from hpcdl.runtime.methods import Codec, train_step
@@ -114,6 +114,42 @@ def test_the_probe_replays_a_sub_batch_and_counts_the_whole_batchs_bytes():
         model(x)
     for key, slot in policy.controller.slots.items():
         assert (slot.numel, slot.nbytes) == (whole.slots[key].numel, whole.slots[key].nbytes), key
+
+
+def test_the_probe_replays_no_more_samples_than_the_steps_packed_bytes_hold_uncompressed(monkeypatch):
+    """With the byte floor off, a probe replays only as many of the batch's 32 samples as keep its uncompressed
+    saved tensors within what the compressed step held packed (fewer than probe_rows=16), so the probe needs
+    little more memory than the step."""
+    monkeypatch.setattr(probe, "REPLAY_BYTES_FLOOR", 0)
+    model, x, loss_fn = _cnn_case(32)
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: rows.append(args[0].shape[0]))
+    policy = Policy.adaptive()
+    saved: list[tuple[int, int]] = []
+    monkeypatch.setattr(policy.controller, "saved", lambda step, original, packed: (
+        saved.append((original, packed)), type(policy.controller).saved(policy.controller, step, original, packed)))
+    _gradients(model, x, loss_fn, policy)
+    [(original, packed)] = saved
+    expected = max(probe.MIN_REPLAY_ROWS, math.floor(32 * packed / original))
+    assert 2 < expected < 16 and expected * original / 32 <= packed
+    assert rows[0] == 32 and len(rows) > 2 and set(rows[1:]) == {expected}
+
+
+def test_replay_rows_keep_the_uncompressed_replay_within_the_packed_bytes_above_a_floor():
+    capture = probe.Capture(nn.Linear(2, 2), threshold=0)
+    capture.args, capture.output_grads = (torch.zeros(32, 2),), {0: torch.zeros(32, 2)}
+    capture.original_bytes, capture.packed_bytes = 64 * probe.REPLAY_BYTES_FLOOR, 8 * probe.REPLAY_BYTES_FLOOR
+    assert capture.replay_rows(16, 1.0) == 4       # 4 of 32 samples uncompressed = the step's packed bytes
+    assert capture.replay_rows(16, 2.0) == 8
+    assert capture.replay_rows(3, 1.0) == 3        # probe_rows caps it
+    capture.packed_bytes = capture.original_bytes // 1000
+    assert capture.replay_rows(16, 1.0) == probe.MIN_REPLAY_ROWS
+    capture.original_bytes = probe.REPLAY_BYTES_FLOOR // 2  # small replays are not cut below probe_rows
+    assert capture.replay_rows(16, 1.0) == 16
+    capture.args, capture.output_grads = (torch.zeros(1, 2),), {0: torch.zeros(1, 2)}
+    assert capture.replay_rows(16, 1.0) == 1
+    capture.output_grads = {0: torch.zeros(3, 2)}  # no shared batch dimension: the whole call is replayed
+    assert capture.replay_rows(16, 1.0) is None
 
 
 def _first_probe(model, x, loss_fn):

@@ -150,7 +150,8 @@ class AdaptiveOptions(ControllerOptions):
     reruns: int = 2           # measured (not closed-form) slots re-measured per probe after the first, oldest first
     probe_rel: float = 1e-2   # first probe bound of a slot never measured, as a fraction of its value range
     max_rel: float = 0.5      # no bound above this fraction of the slot's value range
-    probe_rows: int = 16      # the replays run on this many samples of the batch (probe memory: docs/adaptive.md)
+    probe_rows: int = 16      # the replays run on at most this many samples of the batch (docs/adaptive.md) ...
+    probe_memory: float = 1.0  # ... and on no more than hold this multiple of the step's packed bytes uncompressed
     budget: int = 0           # bytes for a step's saved tensors: least predicted error within it (0: alpha rule)
     codecs: str = "all"       # the candidate codecs besides sz (hpcdl.runtime.trials.FAMILIES; "sz": sz only)
     entropy: str = "zstd"     # the lossless stage over every chosen codec's stream ("none": without; compress.entropy)
@@ -269,6 +270,10 @@ class AdaptiveController(Controller):
         self.capture = Capture(model, threshold)
         return self.capture
 
+    def saved(self, step: int, original_bytes: int, packed_bytes: int) -> None:
+        if self.capture is not None:  # what the probe step saved sets how many samples its replays may run
+            self.capture.original_bytes, self.capture.packed_bytes = original_bytes, packed_bytes
+
     def wants_gradients(self, step: int) -> bool:
         return self._sampled is not None or (self.capture is not None and self.capture.complete)
 
@@ -317,7 +322,7 @@ class AdaptiveController(Controller):
     # -- probing and deciding -----------------------------------------------------------------------------
     def probe(self, capture: Capture, grad_stats: Mapping[str, GradStat]) -> None:
         """Measure the slots of the captured step (exact replay, closed forms, perturbed replays), then decide."""
-        replayer = Replayer(capture, rows=self.options.probe_rows)
+        replayer = Replayer(capture, rows=capture.replay_rows(self.options.probe_rows, self.options.probe_memory))
         owners = _owners(capture.model, replayer.params)
         modules = sorted(set(owners))  # the same list on every rank: the axis of the reductions over ranks
         # slots negligible at the last probe are recorded without trial encodes: they stay as they are

@@ -120,6 +120,10 @@ class Controller(ABC):
         in bytes given), so a controller can watch the forward it compresses; default nothing."""
         return contextlib.nullcontext()
 
+    def saved(self, step: int, original_bytes: int, packed_bytes: int) -> None:  # noqa: B027  (optional hook)
+        """Called as the session of forward ``step`` closes, with what it saved for backward: the bytes
+        uncompressed and as held (packed, or kept as they were); default nothing."""
+
     def observe(self, step: int, grad_stats: Mapping[str, GradStat]) -> None:  # noqa: B027  (optional hook)
         """Called with this step's gradient statistics when :meth:`wants_gradients` said so."""
 
@@ -277,6 +281,12 @@ class Policy:
         for codec in self._codecs.values():
             codec.restart_random(self.step)
         return self.controller.watch(model, self.step, threshold)
+
+    def forward_closed(self, original_bytes: int, packed_bytes: int) -> None:
+        """The session of this step's forward closed, having saved these bytes (uncompressed, as held): the
+        controller hears of them (:meth:`Controller.saved`) and the policy's step moves on."""
+        self.controller.saved(self.step, original_bytes, packed_bytes)
+        self.step += 1
 
     def record_gradients(self, model: torch.nn.Module) -> dict[str, GradStat]:
         """Summarise each module's own parameter gradients and pass them to the controller.

@@ -58,6 +58,14 @@ from hpcdl.runtime.trials import Trial, mean_square_error, sample, trials, whole
 #: be before its less faithful kin are not tried: each rank measures its own batch, and they average.
 LIMIT_MARGIN = 4.0
 
+#: The fewest samples a probe's replays run on (:meth:`Capture.replay_rows`): a batch norm over pooled features
+#: needs two.
+MIN_REPLAY_ROWS = 2
+
+#: Uncompressed bytes a probe's replays may always hold (:meth:`Capture.replay_rows`): fewer samples than
+#: ``probe_rows`` measure sensitivities more noisily, which is worth it only where the replays' memory matters.
+REPLAY_BYTES_FLOOR = 64 * 2**20
+
 #: Layers whose saved input enters only their weight gradient, linearly: the closed form applies.
 CLOSED_FORM_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -114,6 +122,8 @@ class Capture:
         self.cuda_rng: list[torch.Tensor] | None = None
         self.output_grads: dict[int, torch.Tensor] = {}
         self.called = False
+        self.original_bytes = 0  # what the captured forward saved for backward, uncompressed (set as it closes)
+        self.packed_bytes = 0    # ... and as its session held it, packed or kept
         self._handles: list = []
 
     def __enter__(self) -> Capture:
@@ -151,6 +161,19 @@ class Capture:
         tensors = [*_tensors(self.args), *_tensors(self.kwargs), *self.output_grads.values()]
         sizes = {int(t.shape[0]) if t.dim() else -1 for t in tensors}
         return sizes.pop() if len(sizes) == 1 and min(sizes) > 0 else None
+
+    def replay_rows(self, most: int, memory: float) -> int | None:
+        """The samples the replays run on: at most ``most``, and no more than keep their uncompressed saved
+        tensors within ``memory`` times the bytes the captured step held packed (or :data:`REPLAY_BYTES_FLOOR`
+        if more), so that a probe, which runs once the step's own packed tensors are freed, needs little more
+        memory than the step did; never fewer than :data:`MIN_REPLAY_ROWS`. None: the call cannot be cut
+        (:meth:`batch_rows`), and the replays run the whole batch."""
+        batch = self.batch_rows()
+        if batch is None:
+            return None
+        allowed = max(memory * self.packed_bytes, REPLAY_BYTES_FLOOR)
+        fitting = math.floor(batch * allowed / self.original_bytes) if self.original_bytes else batch
+        return min(batch, max(MIN_REPLAY_ROWS, min(most, fitting)))
 
     @property
     def complete(self) -> bool:

@@ -321,7 +321,7 @@ class Session:
         self._by_storage.clear()
         self._state = "closed"
         if self.policy is not None:
-            self.policy.step += 1
+            self.policy.forward_closed(self.stats.original_bytes, self.stats.packed_bytes)
 
     # -- what the session holds -----------------------------------------------------------------------------
     @property
