@@ -14,8 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from hpcdl.compress import CodecError, Packed, get_codec
+from hpcdl.compress import CodecError, Packed, channels, get_codec
 from hpcdl.compress.channels import EPS, ChannelScale, channel_exponents, channel_units, with_channels
+from hpcdl.compress.checksum import payload_checksum
+from hpcdl.compress.header import read_header, write_header
 from hpcdl.runtime import Policy, SavedTensorInfo, compressed
 from hpcdl.runtime.arena import member_codec
 from hpcdl.runtime.policy import Controller
@@ -127,6 +129,51 @@ def test_a_stream_decoded_with_another_dim_or_with_forged_exponents_is_refused()
         changed = packed.data.clone()
         changed[0] ^= 0x40
         codec.decode(Packed(packed.header, changed))
+
+
+@pytest.mark.parametrize("dim", [1, 3], ids=["channels-first", "channels-last"])
+def test_a_large_tensor_is_scaled_and_encoded_in_chunks_of_samples_with_the_bound_kept(monkeypatch, dim):
+    """Over CHUNK_BYTES the scaled copy exists a chunk of samples at a time (the inner codec never sees more),
+    and the decoded tensor keeps what the unchunked stream does: the bound per channel, zeros and signs."""
+    x = _spread_channels(shape=(7, 16, 12, 12), seed=3)
+    if dim == 3:
+        x = x.permute(0, 2, 3, 1).contiguous()
+    sample_bytes = x[0].numel() * x.element_size()
+    monkeypatch.setattr(channels, "CHUNK_BYTES", 2 * sample_bytes)
+    codec = get_codec(with_channels({"id": "sz", "mode": "abs", "bound": 0.05}, dim))
+    seen: list[int] = []
+    encode = codec.inner.encode
+    monkeypatch.setattr(codec.inner, "encode", lambda tensor: (seen.append(tensor.shape[0]), encode(tensor))[1])
+    packed = codec.encode(x)
+    assert seen == [2, 2, 2, 1]  # 7 samples, 2 a chunk
+    restored = codec.decode(packed)
+    error = (restored.double() - x.double()).abs()
+    assert bool((error <= _per_channel_bound(x, 0.05, dim)).all())
+    assert torch.equal(restored == 0, x == 0) and torch.equal(torch.sign(restored), torch.sign(x))
+    monkeypatch.setattr(channels, "CHUNK_BYTES", 1 << 40)
+    codec.encode(x)
+    assert seen[4:] == [7]  # under CHUNK_BYTES: one stream
+
+
+def test_a_chunked_stream_with_forged_chunking_or_lengths_is_refused(monkeypatch):
+    x = _spread_channels(shape=(5, 4, 8, 8))
+    monkeypatch.setattr(channels, "CHUNK_BYTES", x[0].numel() * x.element_size())
+    codec = get_codec({"id": "sz", "mode": "abs", "bound": 0.05, "channels": 1})
+    packed = codec.encode(x)
+    header = read_header(packed.header, "channels", "BQ")
+    assert header.fields == (1, 1)
+    forged = write_header("channels", x.dtype, x.shape, "BQ", 1, 2, checksum=header.checksum)
+    with pytest.raises(CodecError, match="chunk"):  # 2 samples a chunk: 3 chunk lengths, not the 5 written
+        codec.decode(Packed(forged, packed.data))
+    forged = write_header("channels", x.dtype, x.shape, "BQ", 1, 5, checksum=header.checksum)
+    with pytest.raises(CodecError, match="chunks of 5 samples"):
+        codec.decode(Packed(forged, packed.data))
+    lengths_at = 8  # 4 exponents padded to 8 bytes, then the u64 lengths
+    changed = packed.data.clone()
+    changed[lengths_at] ^= 0x08
+    forged = write_header("channels", x.dtype, x.shape, "BQ", 1, 1, checksum=payload_checksum(changed))
+    with pytest.raises(CodecError, match="chunk lengths"):
+        codec.decode(Packed(forged, changed))
 
 
 def test_the_session_names_the_channel_dim_of_a_batch_norms_input_in_any_memory_format():

@@ -23,10 +23,17 @@ each saved batch-norm input, whatever its memory format). :func:`~hpcdl.compress
 codec in it, inside an entropy stage if the config has one too. A tensor with at most ``d`` dims has no
 channels: one exponent for all of it.
 
-Stream: a header with codec id ``channels``, the tensor's dtype and shape and one field, the channel dim
-(u8); then a payload of one int8 exponent per channel, zeros up to a multiple of 8 bytes, and the inner
-codec's serialised stream (:mod:`hpcdl.compress.nested`). Decoding checks the payload checksum, the dim and
-every exponent against the dtype, then the inner codec decodes its own stream with its own checks.
+The scaled tensor is a copy, alive beside the original while the inner codec encodes it. So that the copy
+(and the inner codec's own buffers) stay small next to a large tensor, a tensor of more than
+:data:`CHUNK_BYTES` whose channels are not its first dim is scaled and encoded in chunks of samples (slices
+of dim 0), each its own inner stream; decoding writes each chunk's result into its slice of one output.
+
+Stream: a header with codec id ``channels``, the tensor's dtype and shape and two fields, the channel dim
+(u8) and the samples per chunk (u64; the whole first dim when it is one chunk); then a payload of one int8
+exponent per channel, zeros up to a multiple of 8 bytes, one u64 per chunk with the bytes of that chunk's
+part, and each chunk's inner serialised stream (:mod:`hpcdl.compress.nested`), each padded with zeros to a
+multiple of 8 bytes. Decoding checks the payload checksum, the dim, the chunking and every exponent against
+the dtype, then the inner codec decodes each of its streams with its own checks.
 """
 
 from __future__ import annotations
@@ -45,7 +52,9 @@ from hpcdl.compress.nested import header_prefix, inner_packed
 STREAM_ID = "channels"
 #: What the channel variance is floored by: the default ``eps`` of ``nn.BatchNorm*d``.
 EPS = 1e-5
-_FIELDS = "B"  # the channel dim
+_FIELDS = "BQ"  # the channel dim, the samples per chunk
+#: The most bytes of a tensor scaled (and handed to the inner codec) at once: larger tensors go in chunks.
+CHUNK_BYTES = 64 * 2**20
 _HEADER_ROOM = 1 << 16  # bytes an inner stream may have besides twice the tensor's raw bytes
 #: Below this fraction of the squared mean, a variance from one pass of sums is left to the exact two passes.
 _CANCELLATION = 1e-3
@@ -112,46 +121,94 @@ class ChannelScale(Codec):
         self.inner.restart_random(stream)
 
     def _encode(self, tensor: torch.Tensor) -> Packed:
-        scaled, exponents = channel_units(tensor, self.dim)
-        packed = self.inner.encode(scaled)
-        del scaled
+        exponents = channel_exponents(tensor, self.dim)
+        rows = self._chunk_rows(tensor)
+        scale = _powers(-exponents, tensor, self.dim)
+        parts, lengths = [], []
+        for start in range(0, tensor.shape[0], rows) if rows else [0]:
+            scaled = (tensor.detach()[start:start + rows] if rows else tensor.detach()) * scale
+            packed = self.inner.encode(scaled)
+            del scaled
+            device = packed.data.device
+            lengths.append(header_prefix(packed.header).numel() + packed.data.numel())
+            pad = torch.zeros(-lengths[-1] % 8, dtype=torch.uint8, device=device)
+            parts.append(torch.cat([header_prefix(packed.header).to(device), packed.data, pad]))
+        device = parts[0].device
         table = exponents.to(torch.int8).view(torch.uint8).cpu()
         table = torch.cat([table, torch.zeros(-table.numel() % 8, dtype=torch.uint8)])
-        device = packed.data.device
-        data = torch.cat([table.to(device), header_prefix(packed.header).to(device), packed.data])
-        header = write_header(STREAM_ID, tensor.dtype, tensor.shape, _FIELDS, self.dim,
+        length_table = torch.tensor(lengths, dtype=torch.int64).view(torch.uint8)
+        data = torch.cat([table.to(device), length_table.to(device), *parts])
+        header = write_header(STREAM_ID, tensor.dtype, tensor.shape, _FIELDS, self.dim, rows,
                               checksum=payload_checksum(data))
         return Packed(header, data)
 
+    def _chunk_rows(self, tensor: torch.Tensor) -> int:
+        """Samples (slices of dim 0) per chunk: as many as fit in :data:`CHUNK_BYTES`, at least one; 0 (one
+        chunk, the whole tensor) when it is small, or its channels are dim 0, or it has no dims."""
+        if tensor.dim() <= max(self.dim, 0) or self.dim == 0 or tensor.shape[0] <= 1:
+            return 0
+        row_bytes = tensor[0].numel() * tensor.element_size()
+        if row_bytes * tensor.shape[0] <= CHUNK_BYTES:
+            return 0
+        return max(1, CHUNK_BYTES // max(row_bytes, 1))
+
     def _decode(self, packed: Packed) -> torch.Tensor:
         header = read_header(packed.header, STREAM_ID, _FIELDS)
-        (dim,) = header.fields
+        dim, rows = header.fields
         if header.dtype not in self.dtypes or dim != self.dim:
             raise CodecError(f"channels header has dim {dim} for {header.dtype}, this codec scales dim {self.dim} "
                              f"of {sorted(map(str, self.dtypes))}: corrupted or decoded with the wrong codec")
+        first = header.shape[0] if header.shape else 1
+        if rows and (len(header.shape) <= max(dim, 1) or rows >= first):
+            raise CodecError(f"channels header has chunks of {rows} samples for a tensor of shape "
+                             f"{header.shape}: corrupted")
+        chunk_count = -(-first // rows) if rows else 1
         data = verified_payload(packed.data, header)
         count = header.shape[dim] if dim < len(header.shape) else 1
         table_bytes = count + (-count % 8)
-        if data.numel() < table_bytes:
-            raise CodecError(f"channels payload of {data.numel()} bytes cannot hold {count} channel exponents: "
-                             "corrupted")
-        exponents = data[:count].view(torch.int8).to(torch.int32)
+        if data.numel() < table_bytes + 8 * chunk_count:
+            raise CodecError(f"channels payload of {data.numel()} bytes cannot hold {count} channel exponents and "
+                             f"{chunk_count} chunk lengths: corrupted")
+        chunks = [(start, min(start + rows, first)) for start in range(0, first, rows)] if rows else [(0, first)]
+        exponents = data[:table_bytes][:count].view(torch.int8).to(torch.int32)
         largest, _ = _EXPONENTS[header.dtype]
         if bool((exponents.abs() > largest).any()):
             raise CodecError(f"channels payload has an exponent outside +-{largest} for {header.dtype}: corrupted")
-        limit = _HEADER_ROOM + 2 * header.numel * header.dtype.itemsize
-        inner = inner_packed(data[table_bytes:], limit, STREAM_ID)
+        lengths = data[table_bytes:table_bytes + 8 * len(chunks)].cpu().clone().view(torch.int64).tolist()
+        at = table_bytes + 8 * len(chunks)
+        padded = [length + (-length % 8) for length in lengths]
+        if any(length < 0 for length in lengths) or at + sum(padded) != data.numel():
+            raise CodecError(f"channels payload's chunk lengths {lengths} do not add up to its {data.numel()} "
+                             f"bytes: corrupted")
+        output = None
+        for (start, stop), length, step in zip(chunks, lengths, padded):
+            shape = (stop - start, *header.shape[1:]) if rows else header.shape
+            restored = self._decode_chunk(data[at:at + length], shape, header.dtype)
+            at += step
+            scale = _powers(exponents.to(restored.device), restored, dim)
+            if not rows:
+                if restored.untyped_storage().data_ptr() == data.untyped_storage().data_ptr():
+                    return restored * scale  # a decode that returns a view of its stream must not be written over
+                return restored.mul_(scale)
+            if output is None:
+                output = torch.empty(header.shape, dtype=header.dtype, device=restored.device)
+            torch.mul(restored, scale, out=output[start:stop])
+            del restored
+        assert output is not None  # rows > 0: at least two chunks
+        return output
+
+    def _decode_chunk(self, stream: torch.Tensor, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """One chunk's inner stream decoded, checked against the shape and dtype the header gives it."""
+        limit = _HEADER_ROOM + 2 * math.prod(shape) * dtype.itemsize
+        inner = inner_packed(stream, limit, STREAM_ID)
         if inner.codec_id != self.inner.codec_id:
             raise CodecError(f"channels stream holds a {inner.codec_id!r} stream, this codec's inner codec is "
                              f"{self.inner.codec_id!r}: corrupted or decoded with the wrong codec")
         restored = self.inner.decode(inner)
-        if restored.shape != header.shape or restored.dtype != header.dtype:
+        if tuple(restored.shape) != tuple(shape) or restored.dtype != dtype:
             raise CodecError(f"channels stream's inner stream decodes to {tuple(restored.shape)} {restored.dtype}, "
-                             f"its header says {header.shape} {header.dtype}: corrupted")
-        scale = _powers(exponents.to(restored.device), restored, dim)
-        if restored.untyped_storage().data_ptr() == inner.data.untyped_storage().data_ptr():
-            return restored * scale  # a decode that returns a view of its stream must not be written over
-        return restored.mul_(scale)
+                             f"its header says {tuple(shape)} {dtype}: corrupted")
+        return restored
 
 
 def channel_units(tensor: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
