@@ -58,16 +58,18 @@ def test_the_breakdown_accounts_for_the_measured_step():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", ["sz:rel=1e-2", "adaptive"])
 @pytest.mark.parametrize("batch", [4, 16])
-def test_compression_never_raises_the_step_peak_above_the_baseline(batch):
-    """The runtime's rule: at any batch, compressing never costs more peak memory than not compressing.
+def test_compression_never_raises_the_step_peak_above_the_baseline(batch, policy):
+    """The runtime's rule: at any batch, compressing never costs more peak memory than not compressing; the
+    adaptive policy's step (after its first probe, with batch norms' inputs through the channels stage) too.
 
     Each probe runs in its own fresh process, so neither inherits heap pages from the other; no slack.
     """
     fresh = memory.FreshProcesses()
     baseline = memory.peak(memory.TrainStep(SMALL_CNN, batch, None), process=fresh)
-    compressed = memory.peak(memory.TrainStep(SMALL_CNN, batch, "sz:rel=1e-2"), process=fresh)
-    assert compressed.peak_bytes <= baseline.peak_bytes, (batch, compressed.peak_bytes, baseline.peak_bytes)
+    compressed = memory.peak(memory.TrainStep(SMALL_CNN, batch, policy), process=fresh)
+    assert compressed.worst_bytes <= baseline.peak_bytes, (batch, compressed.worst_bytes, baseline.peak_bytes)
 
 
 def test_the_per_sample_peak_is_the_slope_between_the_two_largest_batches():
