@@ -29,7 +29,7 @@ The scaled tensor is a copy, alive beside the original while the inner codec enc
 of dim 0), each its own inner stream; decoding writes each chunk's result into its slice of one output.
 
 Stream: a header with codec id ``channels``, the tensor's dtype and shape and two fields, the channel dim
-(u8) and the samples per chunk (u64; the whole first dim when it is one chunk); then a payload of one int8
+(u8) and the samples per chunk (u64; 0 when the tensor is one chunk); then a payload of one int8
 exponent per channel, zeros up to a multiple of 8 bytes, one u64 per chunk with the bytes of that chunk's
 part, and each chunk's inner serialised stream (:mod:`hpcdl.compress.nested`), each padded with zeros to a
 multiple of 8 bytes. Decoding checks the payload checksum, the dim, the chunking and every exponent against
@@ -145,7 +145,7 @@ class ChannelScale(Codec):
     def _chunk_rows(self, tensor: torch.Tensor) -> int:
         """Samples (slices of dim 0) per chunk: as many as fit in :data:`CHUNK_BYTES`, at least one; 0 (one
         chunk, the whole tensor) when it is small, or its channels are dim 0, or it has no dims."""
-        if tensor.dim() <= max(self.dim, 0) or self.dim == 0 or tensor.shape[0] <= 1:
+        if tensor.dim() <= self.dim or self.dim == 0 or tensor.shape[0] <= 1:
             return 0
         row_bytes = tensor[0].numel() * tensor.element_size()
         if row_bytes * tensor.shape[0] <= CHUNK_BYTES:
@@ -159,7 +159,7 @@ class ChannelScale(Codec):
             raise CodecError(f"channels header has dim {dim} for {header.dtype}, this codec scales dim {self.dim} "
                              f"of {sorted(map(str, self.dtypes))}: corrupted or decoded with the wrong codec")
         first = header.shape[0] if header.shape else 1
-        if rows and (len(header.shape) <= max(dim, 1) or rows >= first):
+        if rows and (dim == 0 or len(header.shape) <= dim or rows >= first):
             raise CodecError(f"channels header has chunks of {rows} samples for a tensor of shape "
                              f"{header.shape}: corrupted")
         chunk_count = -(-first // rows) if rows else 1
