@@ -231,7 +231,7 @@ class AdaptiveController(Controller):
         self.names = SlotNames()
         self.capture: Capture | None = None
         self.clock = _Clock()     # the controller's wall time (not state: it differs between runs)
-        self.replays = 0          # forward+backward replays the last probe ran (not state, like the clock)
+        self.replays = 0          # replays the last probe ran (not state, like the clock; probe.Replayer)
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
         self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
@@ -335,7 +335,7 @@ class AdaptiveController(Controller):
                                                  per_channel=self.options.channels == "batchnorm",
                                                  sign_rule=self.sign_rule, bare=bare,
                                                  bound_limits=self.bound_limits(), growth=GROWTH),
-                                 layer_calls=[])
+                                 layer_calls=True, keep=True)
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
             for key, record in exact.slots.items():
@@ -722,7 +722,7 @@ class _Measurement:
         if len(keys) == 1:
             self._alone(keys[0], _deviation(self.replayer.run(policy), self.exact, self.owners))
             return
-        perturbed = self.replayer.run(policy, layer_calls=[])
+        perturbed = self.replayer.run(policy, layer_calls=True)
         calibrations = self._confirmed(keys, perturbed) if _same_flow(perturbed, self.exact) else None
         if calibrations is None:
             for key in keys:

@@ -23,7 +23,9 @@ A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like th
      the ``sz`` size ladder, so the controller can compare them with ``sz`` at any bound;
    * a *perturbed* replay compresses one slot with ``sz`` at its probe bound and keeps the rest exact; its
      gradients minus the exact ones are that slot's measured effect, per module. The check replay compresses
-     every slot with the codec in effect.
+     every slot with the codec in effect. Compressing a saved tensor changes nothing in the forward, so these
+     replays run no forward: each is a backward through the exact replay's graph, kept for them, with its slots
+     compressed as the training session would compress them (:class:`Replayer`, ``Session.substituted``).
 
 The replays hold their activations uncompressed (they measure against exact gradients). So that a probe does
 not need the memory of a whole uncompressed step, the replays run on the first ``rows`` samples of the
@@ -40,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
@@ -51,7 +53,7 @@ from hpcdl.runtime.classify import Footprint, Layout
 from hpcdl.runtime.observe import ROOT
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, StaticController
 from hpcdl.runtime.recompute import buffers_kept
-from hpcdl.runtime.session import compressed
+from hpcdl.runtime.session import Session, compressed
 from hpcdl.runtime.trials import Trial, mean_square_error, sample, trials, whole_bytes
 
 #: How far above the error variance a slot may be allowed (RecordingPolicy._error_limit) a candidate's error must
@@ -239,6 +241,13 @@ def sz_abs(bound: float) -> dict:
     return {"id": "sz", "mode": "abs", "bound": bound}
 
 
+@dataclass(frozen=True)
+class SlotInfo(SavedTensorInfo):
+    """A saved activation as a replay's policy is asked about it, with its slot's name."""
+
+    slot: str = ""
+
+
 class RecordingPolicy(Policy):
     """The replay's policy: names each slot as training does; records it (exact replay) or compresses one slot."""
 
@@ -275,17 +284,19 @@ class RecordingPolicy(Policy):
 
     def info(self, module: str, kind: str, tensor: torch.Tensor, window: dict | None = None,
              channels: int | None = None) -> SavedTensorInfo:
-        if kind == "activation":
-            self._key = self.names.next(module, self.step)
-            if self.trial_bounds is not None:
-                self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key),
-                                                     channels if self.per_channel else None)
-        return super().info(module, kind, tensor, window, channels)
+        info = super().info(module, kind, tensor, window, channels)
+        if kind != "activation":
+            return info
+        self._key = self.names.next(module, self.step)
+        if self.trial_bounds is not None:
+            self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key),
+                                                 channels if self.per_channel else None)
+        return SlotInfo(**{f.name: getattr(info, f.name) for f in fields(info)}, slot=self._key)
 
     def codec_for(self, info: SavedTensorInfo):
-        if info.kind != "activation" or self._key not in self.perturb:
+        if not isinstance(info, SlotInfo) or info.slot not in self.perturb:
             return None
-        return self.codec(self.perturb[self._key])
+        return self.codec(self.perturb[info.slot])
 
     def _record(self, tensor: torch.Tensor, bound: float | None, channels: int | None = None) -> SlotRecord:
         data = tensor.detach() if channels is None else in_channel_units(tensor, channels)
@@ -333,23 +344,33 @@ class RecordingPolicy(Policy):
         return LIMIT_MARGIN * record.trial_mse * (largest / record.trial_bound) ** 2
 
 
+class _Backward:
+    """Where each backward through a replayed forward's graph records its Linear/Conv output gradients' squared
+    norms: ``calls`` (a list like the forward's, one LayerCall per call), or nowhere while it is None."""
+
+    def __init__(self, calls: list[LayerCall] | None):
+        self.calls = calls
+
+
 @contextlib.contextmanager
-def _layer_calls(model: nn.Module, calls: list[LayerCall]) -> Iterator[None]:
-    """Record each Linear/Conv call's input storage, and (in backward) its output gradient's squared norm."""
+def _layer_calls(model: nn.Module, calls: list[LayerCall], backward: _Backward) -> Iterator[None]:
+    """Record each Linear/Conv call's input storage in ``calls``, and in every backward through the graph its
+    output gradient's squared norm where ``backward`` says."""
     handles = []
-    running: dict[int, LayerCall] = {}  # id(module) -> its call in progress, paired with its output
+    running: dict[int, int] = {}  # id(module) -> the index of its call in progress, paired with its output
 
     def watcher(name: str, fan_in: int):
         def before(module, args):
             if args and isinstance(args[0], torch.Tensor):
-                running[id(module)] = call = LayerCall(name, fan_in, _storage_of(args[0]))
-                calls.append(call)
+                running[id(module)] = len(calls)
+                calls.append(LayerCall(name, fan_in, _storage_of(args[0])))
 
         def after(module, args, output):
-            call = running.pop(id(module), None)
-            if call is not None and isinstance(output, torch.Tensor) and output.requires_grad:
+            index = running.pop(id(module), None)
+            if index is not None and isinstance(output, torch.Tensor) and output.requires_grad:
                 def grad_norm(grad: torch.Tensor) -> None:
-                    call.delta_sq += float(grad.double().square().sum())
+                    if backward.calls is not None:
+                        backward.calls[index].delta_sq += float(grad.double().square().sum())
                 output.register_hook(grad_norm)
         return before, after
 
@@ -364,8 +385,28 @@ def _layer_calls(model: nn.Module, calls: list[LayerCall]) -> Iterator[None]:
             handle.remove()
 
 
+@dataclass
+class _Graph:
+    """The exact replay's forward, kept for more backward passes (:meth:`Replayer.run`)."""
+
+    session: Session
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]  # the outputs and the captured gradients backward starts from
+    calls: list[LayerCall]  # its Linear/Conv calls (their delta_sq: the exact backward's)
+    backward: _Backward
+    held_bytes: float
+
+
 class Replayer:
-    """Runs a captured forward again under a given policy, leaving the model's buffers and the RNG as they were."""
+    """Runs a captured forward again under a given policy, leaving the model's buffers and the RNG as they were.
+
+    The exact replay's graph may be kept (``run(..., keep=True)``): a perturbed replay then runs only a backward
+    through it, with its slots compressed as its policy says (:meth:`Session.substituted`), since compressing a
+    saved tensor changes nothing in the forward (the same inputs, RNG state and so dropout masks: the same
+    values). That skips the forward of every replay after the first. The graph holds the exact forward's saved
+    tensors until the probe ends (:meth:`restored`), also through its backward passes, which otherwise free
+    them as they go. A forward with blocks recomputed in backward (:meth:`Session.recompute`: they run once)
+    is not kept: each replay then runs whole.
+    """
 
     def __init__(self, capture: Capture, rows: int | None = None):
         """``rows``: replay only that many samples of the batch, where the call can be cut and has more."""
@@ -380,7 +421,7 @@ class Replayer:
             self.scale, self.rows = batch / rows, rows
             self.args, self.kwargs = _first_rows(capture.args, rows), _first_rows(capture.kwargs, rows)
             self.output_grads = {index: grad[:rows] for index, grad in capture.output_grads.items()}
-
+        self._graph: _Graph | None = None
 
     @contextlib.contextmanager
     def restored(self) -> Iterator[None]:
@@ -391,24 +432,53 @@ class Replayer:
             with buffers_kept(self.model):
                 yield
         finally:
+            self._graph = None  # its saved tensors go
             torch.set_rng_state(rng)
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
 
-    def run(self, policy: RecordingPolicy, layer_calls: list[LayerCall] | None = None) -> Replay:
+    def run(self, policy: RecordingPolicy, layer_calls: bool = False, keep: bool = False) -> Replay:
+        """One replay under ``policy``; ``layer_calls``: record its Linear/Conv calls (:class:`LayerCall`);
+        ``keep``: keep its graph for the replays after it (the exact one's: see the class)."""
+        if self._graph is not None:
+            return self._backward_again(policy, layer_calls)
         capture = self.capture
         assert capture.rng is not None  # set by the captured forward (Capture.complete)
         torch.set_rng_state(capture.rng)
         if capture.cuda_rng is not None:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
-        watching = _layer_calls(self.model, layer_calls) if layer_calls is not None else contextlib.nullcontext()
+        calls: list[LayerCall] = []
+        backward = _Backward(calls if layer_calls else None)
+        watching = _layer_calls(self.model, calls, backward) if keep or layer_calls else contextlib.nullcontext()
         policy.rows, policy.scale = self.rows, self.scale
         with torch.enable_grad(), watching:
             with compressed(self.model, policy, threshold=capture.threshold) as session:
                 outputs = _tensors(self.model(*self.args, **self.kwargs))
             pairs = [(outputs[i], g) for i, g in sorted(self.output_grads.items()) if i < len(outputs)]
-            grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True)
-        for call in layer_calls or []:
+            keep = keep and not session.recomputed_blocks
+            grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True,
+                                        retain_graph=keep)
+        held = session.stats.packed_bytes * self.scale
+        if keep:
+            self._graph = _Graph(session, pairs, calls, backward, held)
+        return Replay(list(grads), policy.slots, self._scaled(backward.calls), held, self.scale)
+
+    def _backward_again(self, policy: RecordingPolicy, layer_calls: bool) -> Replay:
+        """A replay as a backward through the kept graph, the slots ``policy`` perturbs compressed."""
+        graph = self._graph
+        assert graph is not None and policy.trial_bounds is None  # a perturbing policy: nothing to record in a forward
+        graph.backward.calls = [LayerCall(c.module, c.fan_in, c.storage) for c in graph.calls] if layer_calls else None
+        try:
+            with graph.session.substituted(policy.codec_for):
+                grads = torch.autograd.grad([o for o, _ in graph.pairs], self.params, [g for _, g in graph.pairs],
+                                            allow_unused=True, retain_graph=True)
+            recorded = self._scaled(graph.backward.calls)
+        finally:
+            graph.backward.calls = None
+        return Replay(list(grads), {}, recorded, graph.held_bytes, self.scale)
+
+    def _scaled(self, calls: list[LayerCall] | None) -> list[LayerCall]:
+        """``calls`` with their output gradients' norms scaled to the whole batch (none: [])."""
+        for call in calls or []:
             call.delta_sq *= self.scale
-        return Replay(list(grads), policy.slots, layer_calls or [], session.stats.packed_bytes * self.scale,
-                      self.scale)
+        return calls or []

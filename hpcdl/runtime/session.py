@@ -54,7 +54,7 @@ from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_layers
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of, normalized_channels
 from hpcdl.runtime.concat import concat_gradients
 from hpcdl.runtime.observe import OUTSIDE, Frame, ModuleTracker
-from hpcdl.runtime.policy import Policy, as_policy
+from hpcdl.runtime.policy import Policy, SavedTensorInfo, as_policy
 from hpcdl.runtime.recompute import RecomputedBlock
 from hpcdl.runtime.stats import Row, Stats
 
@@ -92,7 +92,7 @@ class _Entry:
     __slots__ = (
         "codec", "packed", "kept", "kept_version", "copy", "slot", "original", "layout", "storage", "dtype",
         "device", "row", "stats", "decoded", "decoded_layout", "decoded_finalizer", "handles", "released",
-        "__weakref__",
+        "substitute", "__weakref__",
     )
 
     def __init__(self, tensor: torch.Tensor, layout: Layout, row: Row, stats: Stats):
@@ -112,6 +112,7 @@ class _Entry:
         self.decoded_finalizer: weakref.finalize | None = None  # counts the span freed in the stats
         self.handles = 0  # live _SavedRefs: how many saved tensors autograd still holds through this entry
         self.released = False
+        self.substitute: tuple[Codec, Packed] | None = None  # restored from instead, while Session.substituted
 
     def shares(self, tensor: torch.Tensor, footprint: Footprint) -> bool:
         """Whether ``tensor`` is a view this entry can rebuild: same live storage, inside a packed span."""
@@ -136,6 +137,9 @@ class _Entry:
                 "backward needs a saved activation whose packed data was released (session.release() ran before "
                 "backward used it); run loss.backward() first and release afterwards, or do not call release()"
             )
+        if self.substitute is not None:
+            codec, packed = self.substitute
+            return self.layout.rebuild(codec.decode(packed).contiguous(), footprint)
         if self.kept is not None:
             if self.kept._version != self.kept_version:
                 raise SavedTensorModifiedError(
@@ -281,6 +285,10 @@ class Session:
         self._chunk_bytes = chunk_bytes
         self._chunked = chunked_layers(model, chunk_bytes, self._hooks_innermost, self._claim_decoded)
         self._forward_step = 0  # the policy's step during this forward, for recomputations after it
+        # the entries whose codec the policy was asked for, in the order they were packed, with what it was asked
+        # and whether the tensor was small (an arena's candidate): what :meth:`substituted` goes through
+        self._asked: list[tuple[weakref.ref, SavedTensorInfo, bool]] = []
+        self.recomputed_blocks = 0  # blocks of this forward recomputed in backward (:meth:`recompute`)
         self._concat = concat_gradients(model)
         self._state = "new"
 
@@ -340,6 +348,43 @@ class Session:
         for entry in list(self._entries):
             entry.release()
 
+    # -- backward again, some saved tensors compressed ------------------------------------------------------
+    @contextlib.contextmanager
+    def substituted(self, codec_for: Callable[[SavedTensorInfo], Codec | None]) -> Iterator[None]:
+        """Inside, every entry kept as it is restores as if it had been packed with ``codec_for(info)`` (``info``:
+        what the policy was asked about it; None keeps it), encoded now and decoded whenever backward reads it;
+        on the way out every entry restores what it keeps again.
+
+        So that one forward's graph, kept with ``retain_graph``, serves several backward passes that each
+        compress other saved tensors: a probe's perturbed replays (:mod:`hpcdl.runtime.probe`) without running
+        the forward again. What a codec is given is what :meth:`pack` would have given it: a small tensor goes
+        through its arena's member codec (:func:`~hpcdl.runtime.arena.member_codec`) and stays as it is where
+        no arena would take it, and a codec that fails leaves the tensor as it is, as in training.
+        """
+        changed: list[_Entry] = []
+        try:
+            for ref, info, small in self._asked:
+                entry = ref()
+                if entry is None or entry.released or (entry.kept is None and entry.copy is None):
+                    continue
+                codec = codec_for(info)
+                if codec is None:
+                    continue
+                source = entry.copy if entry.copy is not None else entry.layout.source(entry.kept)
+                if small:
+                    codec = member_codec(codec, source, self.policy.codec)
+                    if codec is None or source.dtype not in codec.dtypes:
+                        continue
+                try:
+                    entry.substitute = (codec, codec.encode(source))
+                except Exception:  # a codec that fails in training keeps the tensor as it is (_new_entry)
+                    continue
+                changed.append(entry)
+            yield
+        finally:
+            for entry in changed:
+                entry.substitute = None
+
     # -- recomputed blocks -----------------------------------------------------------------------------------
     def recompute(self, forward: Callable, *args, **kwargs):
         """``forward(*args, **kwargs)`` as a block recomputed in backward, whose recomputed tensors this session
@@ -347,6 +392,7 @@ class Session:
         ``torch.utils.checkpoint``; without a policy it still recomputes, keeping what it saves as it is."""
         if self._state != "open":
             raise RuntimeError("Session.recompute runs a block inside the session's forward (its `with` block)")
+        self.recomputed_blocks += 1
         return RecomputedBlock(self, self._modules.current, forward, args, kwargs).run(args)
 
     @contextlib.contextmanager
@@ -434,10 +480,15 @@ class Session:
             return _ref(shared, footprint)
         layout = Layout.of(footprint)
         nbytes = layout.numel * tensor.element_size()
-        if self._counted_bytes(tensor, nbytes) < self.threshold:
-            entry = self._arena_entry(tensor, layout, module, kind, row) or self._small_kept_entry(tensor, layout, row)
+        small = self._counted_bytes(tensor, nbytes) < self.threshold
+        info = self._info(tensor, layout, module, kind, small)
+        if small:
+            entry = (self._arena_entry(tensor, layout, module, info, row) if info is not None else None) \
+                or self._small_kept_entry(tensor, layout, row)
         else:
-            entry = self._new_entry(tensor, layout, module, kind, row)
+            entry = self._new_entry(tensor, layout, info, row)
+        if info is not None:
+            self._asked.append((weakref.ref(entry), info, small))
         # Every entry, kept ones too, is found by a later save of the same tensor: which tensors share (and so
         # which the policy is asked about) must not depend on what the policy chose for them.
         self._entries.add(entry)
@@ -470,15 +521,28 @@ class Session:
                 return entry
         return None
 
-    def _arena_entry(self, tensor: torch.Tensor, layout: Layout, module: str, kind: str, row: Row) -> _Entry | None:
-        """Copy a small floating tensor into its module's arena; None keeps it as it is.
+    def _info(self, tensor: torch.Tensor, layout: Layout, module: str, kind: str, small: bool) -> SavedTensorInfo | None:
+        """What the policy is asked about ``tensor``, or None where it is not asked: there is no policy, or the
+        tensor is small and no arena may take it.
 
         Only activations saved inside the model's forward join arenas: masks and indices stay exact as they are,
         and the loss's small tensors (``(outside)``: log-probabilities, see docs/runtime.md) stay uncompressed.
         """
-        if not self._arenas.enabled or self.policy is None or kind != "activation" or module == OUTSIDE:
+        if self.policy is None:
             return None
-        codec = self.policy.codec_for(self.policy.info(module, kind, tensor, channels=self._channels(tensor, layout)))
+        if small:
+            if not self._arenas.enabled or kind != "activation" or module == OUTSIDE:
+                return None
+            return self.policy.info(module, kind, tensor, channels=self._channels(tensor, layout))
+        # a max pool's indices in their standard layout, which is what the window codec is given to encode
+        window = self._modules.frame.window if kind == "index" and tensor.is_contiguous() else None
+        channels = self._channels(tensor, layout) if kind == "activation" else None
+        return self.policy.info(module, kind, tensor, window, channels)
+
+    def _arena_entry(self, tensor: torch.Tensor, layout: Layout, module: str, info: SavedTensorInfo,
+                     row: Row) -> _Entry | None:
+        """Copy a small floating tensor into its module's arena; None keeps it as it is."""
+        codec = self.policy.codec_for(info)
         if codec is None:
             return None
         source = layout.source(tensor)
@@ -496,15 +560,11 @@ class Session:
             entry.original = source.detach().clone(memory_format=torch.contiguous_format)
         return entry
 
-    def _new_entry(self, tensor: torch.Tensor, layout: Layout, module: str, kind: str, row: Row) -> _Entry:
+    def _new_entry(self, tensor: torch.Tensor, layout: Layout, info: SavedTensorInfo | None, row: Row) -> _Entry:
         entry = _Entry(tensor, layout, row, self.stats)
         nbytes = layout.numel * tensor.element_size()
         row.original += nbytes
-        # a max pool's indices in their standard layout, which is what the window codec is given to encode
-        window = self._modules.frame.window if kind == "index" and tensor.is_contiguous() else None
-        channels = self._channels(tensor, layout) if kind == "activation" else None
-        codec = self.policy.codec_for(self.policy.info(module, kind, tensor, window, channels)) \
-            if self.policy is not None else None
+        codec = self.policy.codec_for(info) if info is not None else None
         if codec is None:
             entry.kept = tensor
             row.kept += 1
@@ -515,7 +575,7 @@ class Session:
         try:
             entry.packed = codec.encode(base)
         except Exception as err:  # a codec bug or an input it cannot take must not break training
-            self._fall_back(module, codec, tensor, err)
+            self._fall_back(info.module, codec, tensor, err)
             entry.kept = tensor
             row.fallbacks += 1
             row.packed += nbytes
