@@ -22,10 +22,10 @@ from torch import nn
 
 import hpcdl
 from hpcdl.compress import CodecError, get_codec
+from hpcdl.compress.entropy import with_stage
 from hpcdl.compress.quant import Quant
 from hpcdl.runtime import Policy
 from hpcdl.runtime.adaptive import ActnnController, AdaptiveController, AdaptiveOptions, Slot
-from hpcdl.runtime.budget import size_rels
 from hpcdl.runtime.policy import GradStat, spec_from_config
 from hpcdl.runtime.probe import RecordingPolicy
 from hpcdl.runtime.trials import CHUNK, FAMILIES, QUANT_BITS, trial, trials
@@ -153,17 +153,18 @@ def test_leaving_out_candidates_that_err_past_the_limit_changes_no_choice(kind, 
     controller = AdaptiveController()
     trial_bound = 0.01 * float(data.max() - data.min())  # the recorders' probe_rel of its range
     largest = reach * trial_bound  # the largest bound the decision may give the slot (passed as its limit)
-    full = RecordingPolicy({}, size_rels=size_rels(controller.options.max_rel), candidates=FAMILIES["all"])
-    limited = RecordingPolicy({}, size_rels=size_rels(controller.options.max_rel), candidates=FAMILIES["all"],
-                              bound_limits={"t#0": largest})
+    entropy = controller.options.entropy  # as the controller's exact replay measures: its sz bytes are with it
+    full = RecordingPolicy({}, candidates=FAMILIES["all"], keep_samples=True, entropy=entropy)
+    limited = RecordingPolicy({}, candidates=FAMILIES["all"], bound_limits={"t#0": largest}, keep_samples=True,
+                              entropy=entropy)
     slots = []
     for recorder in (full, limited):
         recorder._key = "t#0"
         record = recorder._record(data, None)
         slots.append(Slot(numel=record.numel, value_range=record.value_range, nbytes=record.nbytes,
-                          sizes=record.sizes, trials=[vars(t) for t in record.trials],
-                          kappa=record.trial_mse / (record.trial_bound ** 2 / 3)))
+                          trials=[vars(t) for t in record.trials], kappa=record.trial_mse / (record.trial_bound ** 2 / 3)))
     everything, pruned = slots
+    controller.slots["t#0"] = everything
     tried, all_tried = (sum(math.isfinite(t["mse"]) for t in slot.trials) for slot in (pruned, everything))
     assert tried < all_tried if reach == 4 else tried <= all_tried
     most = everything.kappa * largest ** 2 / 3
@@ -171,25 +172,35 @@ def test_leaving_out_candidates_that_err_past_the_limit_changes_no_choice(kind, 
     crossings = [1.05 * t["mse"] for t in everything.trials if t["mse"] <= most]  # where a codec becomes allowed
     for allowed in sorted([*crossings, *(most * torch.logspace(-6, 0, 61)).tolist()]):
         pruned.bound = everything.bound = math.sqrt(3 * allowed / everything.kappa)  # as decide sets them
-        assert controller._cheapest(pruned, allowed) == controller._cheapest(everything, allowed)
-        chosen.add(spec_from_config(controller._cheapest(everything, allowed)))
+        sz_bytes = controller._sz_bytes_at_bounds(["t#0"], {"t#0": allowed}, {"t#0": record.sample})["t#0"]
+        choice = controller._cheapest(everything, allowed, sz_bytes)
+        assert controller._cheapest(pruned, allowed, sz_bytes) == choice
+        chosen.add(spec_from_config(choice))
     assert len(chosen) >= 2  # the sweep crosses from one codec to another
 
 
 def _controller_on(tensor: torch.Tensor, allowed: float) -> AdaptiveController:
-    """A controller with one slot holding ``tensor`` as a probe records it (trial encodes, sz ladder), whose
+    """A controller with one slot holding ``tensor`` as a probe records it (trial encodes, its sample kept), whose
     budget allows the error variance ``allowed``: one module of sensitivity 1 whose gradient's sampling variance
     is allowed / alpha."""
     controller = AdaptiveController()
-    recorder = RecordingPolicy({}, size_rels=size_rels(controller.options.max_rel), candidates=FAMILIES["all"])
+    recorder = RecordingPolicy({}, candidates=FAMILIES["all"], keep_samples=True, entropy=controller.options.entropy)
     record = recorder._record(tensor, None)
-    slot = Slot(numel=record.numel, value_range=record.value_range, nbytes=record.nbytes, sizes=record.sizes,
+    slot = Slot(numel=record.numel, value_range=record.value_range, nbytes=record.nbytes,
                 trials=[vars(trial) for trial in record.trials], kappa=record.trial_mse / (record.trial_bound ** 2 / 3),
                 sensitivity={"m": 1.0}, measured_bound=record.value_range)
     controller.slots["t#0"] = slot
     controller.noise = {"m": allowed / controller.options.alpha}
-    controller.decide({"m": GradStat(norm=1.0, max_abs=1.0, numel=1)})
+    controller.decide({"m": GradStat(norm=1.0, max_abs=1.0, numel=1)}, {"t#0": record.sample})
     return controller
+
+
+def _sz_bytes(controller: AdaptiveController, tensor: torch.Tensor) -> int:
+    """sz's packed bytes of ``tensor`` (under the sample size: encoded whole) at the bound the controller decided for
+    its one slot, with its entropy stage: what its decision compared."""
+    bound = controller.slots["t#0"].bound
+    packed = get_codec(with_stage({"id": "sz", "mode": "abs", "bound": bound}, controller.options.entropy)).encode(tensor)
+    return len(packed.header) + packed.data.numel()
 
 
 def test_quant_is_not_tried_on_a_tensor_with_zeros_except_by_the_actnn_baseline():
@@ -219,7 +230,7 @@ def test_quant_is_chosen_where_it_meets_the_target_in_fewer_bytes_than_sz():
     slot = controller.slots["t#0"]
     assert slot.codec == quant8, slot.codec
     assert slot.variance() <= allowed
-    assert slot.trial(quant8)["nbytes"] < controller._sz_bytes(slot)  # measured: quant is the smaller
+    assert slot.trial(quant8)["nbytes"] < _sz_bytes(controller, noise)  # measured: quant is the smaller
 
 
 def test_sz_is_chosen_where_it_meets_the_target_in_fewer_bytes_than_quant():
@@ -232,7 +243,7 @@ def test_sz_is_chosen_where_it_meets_the_target_in_fewer_bytes_than_quant():
     slot = controller.slots["t#0"]
     assert slot.codec is None and slot.config()["id"] == "sz"
     assert slot.variance() <= allowed
-    assert controller._sz_bytes(slot) < slot.trial(quant8)["nbytes"]
+    assert _sz_bytes(controller, spiky) < slot.trial(quant8)["nbytes"]
 
 
 def test_a_codec_that_moves_values_across_zero_is_not_offered_where_the_tensor_has_zeros():

@@ -46,6 +46,7 @@ from typing import ClassVar
 
 import torch
 
+from hpcdl.compress import get_codec
 from hpcdl.compress.channels import with_channels
 from hpcdl.compress.entropy import METHODS as ENTROPY_METHODS
 from hpcdl.compress.entropy import with_stage
@@ -61,7 +62,17 @@ from hpcdl.runtime.policy import (
     register_controller,
     spec_from_config,
 )
-from hpcdl.runtime.probe import Capture, RecordingPolicy, Replay, Replayer, SlotNames, SlotRecord, slot_codec, sz_abs
+from hpcdl.runtime.probe import (
+    Capture,
+    KeptSample,
+    RecordingPolicy,
+    Replay,
+    Replayer,
+    SlotNames,
+    SlotRecord,
+    slot_codec,
+    sz_abs,
+)
 from hpcdl.runtime.trials import FAMILIES, QUANT_BITS, Trial
 from hpcdl.units import human_bytes, parse_bytes
 
@@ -334,7 +345,8 @@ class AdaptiveController(Controller):
                                                  entropy=self.options.entropy,
                                                  per_channel=self.options.channels == "batchnorm",
                                                  sign_rule=self.sign_rule, bare=bare,
-                                                 bound_limits=self.bound_limits(), growth=GROWTH),
+                                                 bound_limits=self.bound_limits(), growth=GROWTH,
+                                                 keep_samples=self._measures_sz_at_decision()),
                                  layer_calls=True, keep=True)
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
@@ -377,7 +389,7 @@ class AdaptiveController(Controller):
         self.correction.update((m, max(1.0, row["measured"] / row["predicted"]))
                                for m, row in self.check.items() if row["predicted"] > 0)
         self.probes += 1
-        self.decide(grad_stats)
+        self.decide(grad_stats, {key: record.sample for key, record in exact.slots.items() if record.sample})
         self._unreported = True
 
     def candidates(self) -> tuple[dict, ...]:
@@ -393,9 +405,14 @@ class AdaptiveController(Controller):
         return {key: GROWTH * max(slot.measured_bound, slot.bound) for key, slot in self.slots.items()}
 
     def size_rels(self) -> tuple[float, ...]:
-        """Where the exact replay measures each slot's sz bytes: the ladder, when bytes decide (budget mode) or
-        sz competes with other codecs on bytes; nothing otherwise."""
-        return budget.size_rels(self.options.max_rel) if self.options.budget or self.candidates() else ()
+        """Where the exact replay measures each slot's sz bytes: the ladder, when bytes decide the bounds (budget
+        mode); nothing otherwise."""
+        return budget.size_rels(self.options.max_rel) if self.options.budget else ()
+
+    def _measures_sz_at_decision(self) -> bool:
+        """Whether :meth:`decide` measures sz's bytes at the bounds it decides, on the exact replay's samples: where
+        sz competes with other codecs on bytes under the alpha rule (budget mode has the ladder)."""
+        return not self.options.budget and bool(self.candidates())
 
     def _check(self, in_effect: Mapping[str, dict], measured: Mapping[str, float],
                grad_stats: Mapping[str, GradStat], modules: list[str]) -> dict[str, dict[str, float]]:
@@ -503,9 +520,10 @@ class AdaptiveController(Controller):
                 t.update(zip(TRIAL_STATS, stats[index_trial * len(TRIAL_STATS):(index_trial + 1) * len(TRIAL_STATS)]))
         self.fixed_bytes = mean[-1]
 
-    def decide(self, grad_stats: Mapping[str, GradStat]) -> None:
+    def decide(self, grad_stats: Mapping[str, GradStat], samples: Mapping[str, KeptSample]) -> None:
         """Each slot's bound from the budget (module docstring, :mod:`hpcdl.runtime.error_budget`); slots that reach
-        no module get the cap."""
+        no module get the cap. Then each slot's codec: the cheapest of sz at that bound, its bytes measured on the
+        slot's ``samples`` (the exact replay's, averaged over the ranks that have one), and the trial codecs."""
         if self.options.budget:
             self.decide_for_bytes(grad_stats)
             return
@@ -526,10 +544,32 @@ class AdaptiveController(Controller):
                   else caps[key] for key in keys]
         if self.ranks().size > 1:  # the same on every rank, whatever each machine's last bits of arithmetic
             bounds = self.ranks().mean(bounds)
+        allowed = {}
         for key, bound in zip(keys, bounds):
-            slot = self.slots[key]
-            slot.bound = _on_grid(bound) if bound > 0 else 0.0
-            slot.codec = self._cheapest(slot, slot.kappa * bound ** 2 / 3)
+            self.slots[key].bound = _on_grid(bound) if bound > 0 else 0.0
+            allowed[key] = self.slots[key].kappa * bound ** 2 / 3
+        sz_bytes = self._sz_bytes_at_bounds(keys, allowed, samples)
+        for key in keys:
+            self.slots[key].codec = self._cheapest(self.slots[key], allowed[key], sz_bytes[key])
+
+    def _sz_bytes_at_bounds(self, keys: list[str], allowed: Mapping[str, float],
+                            samples: Mapping[str, KeptSample]) -> dict[str, float]:
+        """Per slot, sz's packed bytes at its bound (with the entropy stage), measured on its sample and averaged
+        over the ranks that have one; 0 where no rank has one or no trial codec is ``allowed`` (its error
+        variance), since then nothing competes with sz (:meth:`_cheapest`)."""
+        measured: list[float] = []
+        for key in keys:
+            slot, part = self.slots[key], samples.get(key)
+            contended = any(usable(t) and t["mse"] <= allowed[key] for t in slot.trials)
+            if part is None or slot.bound <= 0 or not contended:
+                measured += [0.0, 0.0]
+                continue
+            codec = get_codec(with_stage(sz_abs(slot.bound), self.options.entropy))
+            measured += [part.packed_bytes(codec), 1.0]
+        if self.ranks().size > 1:
+            measured = self.ranks().mean(measured)
+        return {key: nbytes / count if count else 0.0
+                for key, nbytes, count in zip(keys, measured[0::2], measured[1::2])}
 
     def reference(self, grad_stats: Mapping[str, GradStat]) -> dict[str, float]:
         """Per module, what its budget is a fraction of: the sampling variance of its gradient (:attr:`noise`), or
@@ -540,21 +580,21 @@ class AdaptiveController(Controller):
         reference.update((m, v) for m, v in self.noise.items() if v > 0)
         return {m: v / self.correction.get(m, 1.0) for m, v in reference.items()}
 
-    def _cheapest(self, slot: Slot, allowed: float) -> dict | None:
+    def _cheapest(self, slot: Slot, allowed: float, sz_bytes: float) -> dict | None:
         """The codec of fewest measured bytes among those whose measured error variance is at most ``allowed``
         (the variance the budget gives the slot): a usable trial codec, or None for sz at the slot's bound
-        (its bytes interpolated on the ladder), which wins ties and whatever was not measured."""
+        (``sz_bytes``, as measured: 0 where not), which wins ties and whatever was not measured."""
         best, fewest = None, math.inf
         if slot.bound > 0:
-            fewest = self._sz_bytes(slot) if slot.sizes else 0.0
+            fewest = min(sz_bytes, float(slot.nbytes))
         for trial in slot.trials:
             if usable(trial) and trial["mse"] <= allowed and trial["nbytes"] < fewest:
                 best, fewest = trial["codec"], trial["nbytes"]
         return best
 
     def _sz_bytes(self, slot: Slot) -> float:
-        """sz's predicted packed bytes at the slot's bound: interpolated on the measured ladder (a bound outside
-        it counts as the ladder's nearest end), at most the tensor's own bytes."""
+        """Budget mode: sz's predicted packed bytes at the slot's bound, interpolated on the measured ladder (a
+        bound outside it counts as the ladder's nearest end), at most the tensor's own bytes."""
         rels = budget.size_rels(self.options.max_rel)
         rel = min(max(slot.bound / slot.value_range, min(rels)), max(rels))
         return min(budget.packed_bytes(rels, slot.sizes, rel), float(slot.nbytes))
@@ -831,6 +871,9 @@ class ActnnController(AdaptiveController):
     def size_rels(self) -> tuple[float, ...]:
         return ()  # sz is no candidate: no ladder
 
+    def _measures_sz_at_decision(self) -> bool:
+        return False  # nor sz's bytes at a decided bound
+
     def bound_limits(self) -> None:
         return None  # a bit budget, not bounds, decides: every bit width is a choice
 
@@ -848,7 +891,7 @@ class ActnnController(AdaptiveController):
                 options[key] = budget.walk_order(points)
         return options
 
-    def decide(self, grad_stats: Mapping[str, GradStat]) -> None:
+    def decide(self, grad_stats: Mapping[str, GradStat], samples: Mapping[str, KeptSample]) -> None:
         """The quant bits of least predicted error within ``bits`` per element (:func:`budget.allocate`)."""
         options = self.choices(grad_stats)
         for slot in self.slots.values():

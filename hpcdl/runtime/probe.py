@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import nn
 
+from hpcdl.compress import Codec
 from hpcdl.compress.channels import channel_units, with_channels
 from hpcdl.compress.entropy import with_stage
 from hpcdl.runtime.classify import Footprint, Layout
@@ -198,6 +199,21 @@ class SlotRecord:
     trials: list[Trial] = field(default_factory=list)  # the candidate codecs' trial encodes
     channels: int | None = None  # a batch norm's input: the encoded tensor's channel dim; then every number above
                                  # but numel, nonzero and nbytes is of the tensor in channel units (in_channel_units)
+    sample: KeptSample | None = None  # what the trial encodes encoded, where the policy keeps it (keep_samples)
+
+
+@dataclass
+class KeptSample:
+    """A slot's sample as the exact replay trial-encoded it (:func:`~hpcdl.runtime.trials.sample`), kept past the
+    replay so that a codec's bytes can be measured on it later: sz's at the bound a probe decides."""
+
+    part: torch.Tensor
+    source: torch.Tensor  # the slot's tensor the sample is of, as a meta tensor (its shape: whole_bytes)
+    factor: float = 1.0   # what a sub-batch replay's bytes are multiplied by (SlotRecord's numbers are)
+
+    def packed_bytes(self, codec: Codec) -> float:
+        """``codec``'s packed bytes of the slot's tensor, from an encode of the sample, as a trial's."""
+        return whole_bytes(codec.encode(self.part), self.source, self.part) * self.factor
 
 
 @dataclass
@@ -255,7 +271,8 @@ class RecordingPolicy(Policy):
                  perturb: dict[str, dict] | None = None, size_rels: tuple[float, ...] = (),
                  candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None,
                  entropy: str = "none", per_channel: bool = True, sign_rule: bool = True,
-                 bare: set[str] | None = None, bound_limits: dict[str, float] | None = None, growth: float = 2.0):
+                 bare: set[str] | None = None, bound_limits: dict[str, float] | None = None, growth: float = 2.0,
+                 keep_samples: bool = False):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.entropy = entropy  # the entropy stage training adds to every codec: sizes and trials measure with it
         self.per_channel = per_channel  # exact replay: batch norms' inputs are recorded in channel units
@@ -268,6 +285,7 @@ class RecordingPolicy(Policy):
         self.names = SlotNames()
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
         self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
+        self.keep_samples = keep_samples  # exact replay: keep each slot's sample in its record (SlotRecord.sample)
         self.candidates, self.threshold = candidates, threshold  # exact replay: trial encodes of these codecs
         self.perturb = perturb or {}  # slot -> the codec config it is compressed with (the rest kept exact)
         self.slots: dict[str, SlotRecord] = {}
@@ -315,13 +333,18 @@ class RecordingPolicy(Policy):
             record.sizes = [size * factor for size in record.sizes]
             for candidate in record.trials:
                 candidate.nbytes *= factor
+            if record.sample is not None:
+                record.sample.factor = factor
         return record
 
     def _trial_encodes(self, record: SlotRecord, source: torch.Tensor) -> None:
         """What the exact replay encodes ``source`` (a slot's contiguous tensor) with, on its sample
         (:func:`~hpcdl.runtime.trials.sample`): sz at the trial bound (its error), sz at the ladder of
-        ``size_rels`` (bytes), every candidate codec (bytes, error, sign rule)."""
+        ``size_rels`` (bytes), every candidate codec (bytes, error, sign rule). The sample is kept where
+        ``keep_samples`` says."""
         part = sample(source)
+        if self.keep_samples and record.value_range > 0:
+            record.sample = KeptSample(part, torch.empty(source.shape, device="meta"))
         if record.trial_bound > 0:
             codec = self.codec(sz_abs(record.trial_bound))
             record.trial_mse = mean_square_error(part, codec.decode(codec.encode(part)))
