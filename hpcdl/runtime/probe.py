@@ -19,8 +19,9 @@ A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like th
    * in the adaptive controller's budget mode the exact replay also records each slot's packed ``sz`` bytes at
      a ladder of bounds (``size_rels``), and the bytes of everything saved (``Replay.held_bytes``);
    * with codec choice on (the controller's ``codecs`` family), the exact replay also trial-encodes each slot
-     with the family's candidate codecs (:mod:`hpcdl.runtime.trials`: bytes, mean squared error) and records
-     the ``sz`` size ladder, so the controller can compare them with ``sz`` at any bound;
+     with the family's candidate codecs (:mod:`hpcdl.runtime.trials`: bytes, mean squared error) and keeps
+     the sample it encoded (:class:`KeptSample`), on which the controller measures ``sz``'s bytes at the bound
+     it decides, to compare them;
    * a *perturbed* replay compresses one slot with ``sz`` at its probe bound and keeps the rest exact; its
      gradients minus the exact ones are that slot's measured effect, per module. The check replay compresses
      every slot with the codec in effect. Compressing a saved tensor changes nothing in the forward, so these
