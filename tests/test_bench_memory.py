@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hpcdl import memory
-from hpcdl.bench.memory import MemoryBenchError, _per_sample, parse_batches, parse_budgets, project
+from hpcdl.bench.memory import MemoryBenchError, _per_sample, parse_batches, parse_budgets, project, search_start
 from hpcdl.cli import main
 
 from runtime_models import wide_cnn, wide_cnn_batch
@@ -88,6 +88,15 @@ def test_the_projection_is_linear_in_the_batch():
     assert all(row["projected_batch"] == 0 for row in project(per_sample=2**30, fixed=2**40))
 
 
+def test_a_budget_search_starts_where_the_fit_of_the_measured_peaks_meets_the_budget():
+    fit = (100.0, 1100.0)  # 100 bytes a sample on top of 1100
+    assert search_start(fit, 3000, limit=1000) == 19  # 1100 + 19 * 100 = 3000
+    assert search_start(fit, 3099, limit=1000) == 19 and search_start(fit, 3100, limit=1000) == 20
+    assert search_start(fit, 3000, limit=8) == 8
+    assert search_start(fit, 500, limit=8) == 1  # the fit says not even one sample: the search starts at 1
+    assert search_start(None, 3000, limit=8) == 1 and search_start((0.0, 10.0), 3000, limit=8) == 1
+
+
 def test_batch_and_budget_lists_are_parsed_or_refused():
     assert parse_batches("4, 1,2,2") == (1, 2, 4)
     assert parse_budgets("1MiB,2KiB") == (("1MiB", 2**20), ("2KiB", 2048))
@@ -126,7 +135,9 @@ def test_the_command_measures_writes_json_and_a_plot(tmp_path, capsys):
                 + parts["remainder"] == parts["peak"]
         (search,) = method["searches"]
         assert search["budget_bytes"] == 64 * 2**20 and search["batch"] == 2 and search["hit_limit"]
-        assert [batch for batch, _ in search["probes"]] == [1, 2]
+        fit = (method["per_sample_bytes"], method["fixed_bytes"])
+        assert search["start"] == search_start(fit, 64 * 2**20, 2)  # 2 where the peak grows with the batch
+        assert [batch for batch, _ in search["probes"]] == list(range(search["start"], 3))
     assert baseline["per_sample_ratio_to_baseline"] == 1.0
     assert compressed["peaks"][-1]["activation_packed_bytes"] < compressed["peaks"][-1]["activation_original_bytes"]
     assert "Step peak" in captured.out and "PROJECTED largest per-GPU batch" in captured.out

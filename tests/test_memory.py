@@ -9,6 +9,7 @@ import torch
 
 from hpcdl import memory
 from hpcdl.cli import main
+from hpcdl.memory import search
 
 from runtime_models import allocating_setup, learning_then_usual_setup, wide_cnn_batch
 
@@ -53,6 +54,29 @@ def test_search_finds_the_largest_batch_whose_measured_peak_fits():
     assert probes[found.batch_size].peak_bytes <= budget < probes[found.batch_size + 1].peak_bytes
     assert found.peak_bytes == probes[found.batch_size].peak_bytes
     assert at_limit.batch_size == 3 and at_limit.hit_limit and [b for b, _ in at_limit.probes] == [2, 3]
+
+
+@pytest.mark.parametrize("start", [1, 5, 19, 20, 21, 40, 64])
+def test_the_search_brackets_the_answer_from_any_start_and_in_two_probes_from_the_answer(start):
+    """Probes move away from the start in steps of 1, 2, 4, ...: from 1 they double (1, 2, 4, 8, ...), from the
+    answer they cost two probes, from above they step down; every search ends on the largest fitting batch."""
+    fits_up_to = 20
+    probed: list[int] = []
+
+    def fits(batch: int) -> bool:
+        probed.append(batch)
+        return batch <= fits_up_to
+
+    good, bad = search._bracket(fits, start, limit=64)
+    assert good <= fits_up_to < bad and good in probed and bad in probed
+    if start == 1:
+        assert probed == [1, 2, 4, 8, 16, 32]
+    if start == fits_up_to:
+        assert probed == [20, 21]
+    if start == fits_up_to + 1:
+        assert probed == [21, 20]
+    assert search._bracket(lambda batch: True, start, limit=64) == (64, None)  # every batch up to the limit fits
+    assert search._bracket(lambda batch: False, start, limit=64) == (0, 1)  # none fits: 1 was probed
 
 
 def test_a_budget_below_one_sample_is_refused():

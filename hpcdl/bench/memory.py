@@ -9,7 +9,9 @@ For one model (an ``hpcdl.models`` name at a scale, optionally at another input 
 1. the step peak at each batch of a list, with its breakdown (:func:`hpcdl.memory.breakdown`);
 2. the per-sample step peak ``(peak(b2) - peak(b1)) / (b2 - b1)`` between the two largest batches
    (the marginal cost of a sample where a budget search ends up), and its ratio to the baseline's;
-3. the largest batch whose step peak fits each budget (:func:`hpcdl.memory.search_batch`);
+3. the largest batch whose step peak fits each budget (:func:`hpcdl.memory.search_batch`), starting
+   from the batch the measured peaks' linear fit puts at the budget (:func:`search_start`), so that a
+   search at a large batch, where every probe is a long step, costs a few probes near the answer;
 4. a *projection* of the largest per-GPU batch on 40 and 80 GB A100s and a 141 GB H200 from the
    measured bytes: what a device holds at batch ``b`` is the step's footprint (resident weights,
    buffers, optimizer state and batch, plus the step peak), taken as linear in ``b`` through the two
@@ -153,6 +155,16 @@ def _per_sample(peaks: list[dict], key: Callable[[dict], float]) -> tuple[float,
     return slope, key(last) - last["batch"] * slope
 
 
+def search_start(fit: tuple[float, float] | None, budget: int, limit: int) -> int:
+    """Where a budget search starts: the largest batch whose step peak the linear fit (per-sample bytes,
+    fixed bytes) of the measured peaks keeps within ``budget``, between 1 and ``limit``; 1 without a fit or
+    where the peak does not grow with the batch."""
+    if fit is None or fit[0] <= 0:
+        return 1
+    per_sample, fixed = fit
+    return min(max(math.floor((budget - fixed) / per_sample), 1), limit)
+
+
 def project(per_sample: float, fixed: float) -> list[dict]:
     """The largest batch with ``fixed + batch * per_sample`` within each device of :data:`PROJECTED_GPUS`."""
     rows = []
@@ -240,11 +252,12 @@ def run_memory_benchmark(
             result.projection = project(*footprint)
         for text, budget in budgets:
             progress(f"searching the largest batch of {method.spec} within {text} ...")
+            start = search_start(step, budget, limit)
             search = memory.search_batch(
-                workload, None, budget, device=device, method=runtime, limit=limit, process=process,
-                warmup_steps=warmup_steps,
+                workload, None, budget, device=device, method=runtime, start=start, limit=limit,
+                process=process, warmup_steps=warmup_steps,
                 on_probe=functools.partial(measured, f"{method.spec} within {text}"))
-            result.searches.append({"budget": text, "budget_bytes": budget, "batch": search.batch_size,
+            result.searches.append({"budget": text, "budget_bytes": budget, "start": start, "batch": search.batch_size,
                                     "peak_bytes": search.peak_bytes, "hit_limit": search.hit_limit,
                                     "probes": [[batch, report.peak_bytes] for batch, report in search.probes]})
         results.append(result)

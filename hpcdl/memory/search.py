@@ -1,4 +1,5 @@
-"""The largest batch whose measured training-step peak fits a budget (doubling, then bisection)."""
+"""The largest batch whose measured training-step peak fits a budget: steps of 1, 2, 4, ... away from a start
+batch until one probe fits and one does not, then bisection between them."""
 
 from __future__ import annotations
 
@@ -79,24 +80,13 @@ def search_batch(
         return report.worst_bytes <= budget  # a run must also fit its learning steps (an adaptive policy's probes)
 
     try:
-        good, bad = 0, None
-        if fits(start):
-            good = start
-            while bad is None and good < limit:
-                candidate = min(2 * good, limit)
-                if fits(candidate):
-                    good = candidate
-                else:
-                    bad = candidate
-        else:
-            bad = start
-        if bad is not None:
-            while bad - good > 1:
-                middle = (good + bad) // 2
-                if fits(middle):
-                    good = middle
-                else:
-                    bad = middle
+        good, bad = _bracket(fits, start, limit)
+        while bad is not None and bad - good > 1:
+            middle = (good + bad) // 2
+            if fits(middle):
+                good = middle
+            else:
+                bad = middle
     finally:
         if child is not None and child is not process:
             child.close()
@@ -109,14 +99,39 @@ def search_batch(
     return BatchSearch(good, probes[good].peak_bytes, budget, label, tuple(sorted(probes.items())), hit_limit)
 
 
+def _bracket(fits: Callable[[int], bool], start: int, limit: int) -> tuple[int, int | None]:
+    """The largest batch found to fit (0: none) and the smallest found not to (None: every batch up to ``limit``
+    fits), probing away from ``start`` in steps of 1, 2, 4, ...: up while the probes fit, down while they do not.
+
+    Probes grow in cost with the batch, so a good guess is worth most: a start at the answer costs two probes
+    (the start and the batch above it), a start of 1 probes 1, 2, 4, 8, ... (doubling)."""
+    step = 1
+    if fits(start):
+        good = start
+        while good < limit:
+            candidate = min(good + step, limit)
+            if not fits(candidate):
+                return good, candidate
+            good, step = candidate, 2 * step
+        return good, None
+    bad = start
+    while bad > 1:
+        candidate = max(bad - step, 1)
+        if fits(candidate):
+            return candidate, bad
+        bad, step = candidate, 2 * step
+    return 0, bad
+
+
 def max_batch(model, policy: Policy | str | dict | None, budget_bytes: int | str, **kw) -> int:
     """The largest per-device batch whose measured training-step peak fits ``budget_bytes``.
 
     ``model`` is a :class:`Workload`, an ``hpcdl.models`` name (``scale=``,
     ``options=``), a ``(name, scale[, options])`` tuple, or a picklable
     model factory / ``"module:function"`` with ``batch=``. ``policy`` None is
-    the uncompressed baseline. Doubles the batch from ``start`` until the
-    measured peak exceeds the budget, then bisects; raises ValueError if one
-    sample does not fit. Keyword arguments as :func:`search_batch`.
+    the uncompressed baseline. Probes away from ``start`` (default 1) in steps
+    of 1, 2, 4, ... until one batch fits and the next probed does not, then
+    bisects; raises ValueError if one sample does not fit. Keyword arguments
+    as :func:`search_batch`.
     """
     return search_batch(model, policy, budget_bytes, **kw).batch_size
