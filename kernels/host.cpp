@@ -329,8 +329,106 @@ hp_u64 checksum(const hp_u64* words, hp_i64 n) {
     return sum;
 }
 
+// The entropy stage's codes layout (hpcdl/compress/codes.py, whose reference functions in
+// hpcdl/compress/blocks/reference.py these match byte for byte): a stream's codes, zigzagged, `bits` bits each (2, 4
+// or 8), code i in bits (i mod 8/bits) * bits of byte i / (8/bits); a zigzag value of 2^bits - 1 or more is written
+// as 2^bits - 1 and the rest of it goes to the next escape. One pass in code order (the escapes are sequential).
+//
+// codes_encode: from a stream's headers, their word offsets and its words (n codes, from the sz encoder: zigzag
+// values below 2^31); writes ceil(n / (8/bits)) bytes to `out` and the escapes to `escapes` (room for n), and
+// returns how many escapes it wrote.
+template <int BITS>
+static long long codes_encode_bits(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n,
+                                   hp_u8* out, hp_i32* escapes) {
+    constexpr hp_u32 escape = (1u << BITS) - 1u;
+    constexpr int per_byte = 8 / BITS, block_bytes = HPCDL_BLOCK / per_byte;
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, written = 0;
+    for (hp_i64 b = 0; b < blocks; ++b) {
+        hp_i32 q[HPCDL_BLOCK];
+        hp_block_unpack(headers[b], words + offsets[b], q);
+        int count = hp_block_count(n, b);
+        for (int i = count; i < HPCDL_BLOCK; ++i) q[i] = 0;
+        hp_u32 u[HPCDL_BLOCK], over = 0;
+        for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] = hp_zigzag(q[i]), over |= (hp_u32)(u[i] >= escape);
+        if (over) {
+            for (int i = 0; i < count; ++i)
+                if (u[i] >= escape) escapes[written++] = (hp_i32)(u[i] - escape), u[i] = escape;
+        }
+        hp_u8 bytes[block_bytes];
+        for (int j = 0; j < block_bytes; ++j) {
+            hp_u32 byte = 0;
+            for (int lane = 0; lane < per_byte; ++lane) byte |= u[j * per_byte + lane] << (lane * BITS);
+            bytes[j] = (hp_u8)byte;
+        }
+        memcpy(out + b * block_bytes, bytes, (size_t)((count + per_byte - 1) / per_byte));
+    }
+    return written;
+}
+
+long long codes_encode(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n, int bits,
+                       hp_u8* out, hp_i32* escapes) {
+    switch (bits) {
+        case 2: return codes_encode_bits<2>(headers, offsets, words, n, out, escapes);
+        case 4: return codes_encode_bits<4>(headers, offsets, words, n, out, escapes);
+        case 8: return codes_encode_bits<8>(headers, offsets, words, n, out, escapes);
+        default: return -1;
+    }
+}
+
+// codes_decode: the inverse, from untrusted bytes: rebuilds the block headers (one per 32 codes) and the words of
+// n codes from `in` (ceil(n / (8/bits)) bytes) and n_escapes escapes, each escape in [0, max_zigzag - 2^bits + 1].
+// Returns 0; -1 if an escape is missing, out of range or left over; -2 if a bit past the last code is set; -3 if
+// the codes take other than n_words words (nothing is written past words[n_words - 1]); -4 for bits not 2, 4, 8.
+template <int BITS>
+static int codes_decode_bits(const hp_u8* in, hp_i64 n, const hp_i32* escapes, hp_i64 n_escapes, int max_zigzag,
+                             hp_u8* headers, hp_u32* words, hp_i64 n_words) {
+    constexpr hp_u32 escape = (1u << BITS) - 1u;
+    constexpr int per_byte = 8 / BITS, block_bytes = HPCDL_BLOCK / per_byte;
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, used = 0, written = 0;
+    for (hp_i64 b = 0; b < blocks; ++b) {
+        int count = hp_block_count(n, b), used_bytes = (count + per_byte - 1) / per_byte;
+        hp_u8 bytes[block_bytes] = {0};
+        memcpy(bytes, in + b * block_bytes, (size_t)used_bytes);
+        if (count % per_byte && (bytes[count / per_byte] >> ((count % per_byte) * BITS)) != 0) return -2;
+        hp_u32 u[HPCDL_BLOCK], escaped = 0;
+        for (int j = 0; j < block_bytes; ++j)
+            for (int lane = 0; lane < per_byte; ++lane) u[j * per_byte + lane] = (bytes[j] >> (lane * BITS)) & escape;
+        for (int i = 0; i < HPCDL_BLOCK; ++i) escaped |= (hp_u32)(u[i] == escape);
+        if (escaped) {
+            for (int i = 0; i < count; ++i) {
+                if (u[i] != escape) continue;
+                if (used == n_escapes) return -1;
+                hp_i32 extra = escapes[used++];
+                if (extra < 0 || extra > max_zigzag - (hp_i32)escape) return -1;
+                u[i] += (hp_u32)extra;
+            }
+        }
+        hp_i32 q[HPCDL_BLOCK];
+        for (int i = 0; i < HPCDL_BLOCK; ++i) q[i] = i < count ? hp_unzigzag(u[i]) : 0;
+        hp_u8 header = hp_block_header(q, count);
+        int width = header & 63;
+        if (width > n_words - written) return -3;
+        hp_block_pack(q, count, header, words + written);
+        headers[b] = header;
+        written += width;
+    }
+    if (used != n_escapes) return -1;
+    return written == n_words ? 0 : -3;
+}
+
+int codes_decode(const hp_u8* in, hp_i64 n, int bits, const hp_i32* escapes, hp_i64 n_escapes, int max_zigzag,
+                 hp_u8* headers, hp_u32* words, hp_i64 n_words) {
+    switch (bits) {
+        case 2: return codes_decode_bits<2>(in, n, escapes, n_escapes, max_zigzag, headers, words, n_words);
+        case 4: return codes_decode_bits<4>(in, n, escapes, n_escapes, max_zigzag, headers, words, n_words);
+        case 8: return codes_decode_bits<8>(in, n, escapes, n_escapes, max_zigzag, headers, words, n_words);
+        default: return -4;
+    }
+}
+
 }  // namespace
 
 extern "C" const HpHostKernels HPCDL_TABLE(HPCDL_HOST_ISA) = {
     sz_decode_dtype, sz_stats_dtype, sz_encode_dtype, sz_assemble, block_headers, pack, unpack, checksum,
+    codes_encode, codes_decode,
 };

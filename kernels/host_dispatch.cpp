@@ -138,4 +138,14 @@ unsigned long long hpcdl_checksum(const unsigned long long* words, long long n) 
     return active->kernels->checksum(words, n);
 }
 
+long long hpcdl_codes_encode(const unsigned char* headers, const long long* offsets, const unsigned int* words,
+                             long long n, int bits, unsigned char* out, int* escapes) {
+    return active->kernels->codes_encode(headers, offsets, words, n, bits, out, escapes);
+}
+
+int hpcdl_codes_decode(const unsigned char* in, long long n, int bits, const int* escapes, long long n_escapes,
+                       int max_zigzag, unsigned char* headers, unsigned int* words, long long n_words) {
+    return active->kernels->codes_decode(in, n, bits, escapes, n_escapes, max_zigzag, headers, words, n_words);
+}
+
 }  // extern "C"

@@ -17,6 +17,7 @@ from torch import nn
 from hpcdl.compress import CodecError, Packed, channels, get_codec
 from hpcdl.compress.channels import EPS, ChannelScale, channel_exponents, channel_units, with_channels
 from hpcdl.compress.checksum import payload_checksum
+from hpcdl.compress.entropy import EntropyStage
 from hpcdl.compress.header import read_header, write_header
 from hpcdl.runtime import Policy, SavedTensorInfo, compressed
 from hpcdl.runtime.arena import member_codec
@@ -109,7 +110,8 @@ def test_large_offsets_with_small_spreads_never_overflow(dtype):
 def test_config_round_trip_spec_and_stage_order():
     codec = get_codec({"id": "sz", "mode": "abs", "bound": 0.05, "channels": 1, "entropy": "zstd"})
     assert codec.get_config() == {"id": "sz", "mode": "abs", "bound": 0.05, "channels": 1, "entropy": "zstd"}
-    assert isinstance(codec.inner, ChannelScale)  # entropy outside: zstd sees the scaled codec's whole stream
+    # channels outside: the entropy stage sees each chunk's sz stream, whose codes it compresses
+    assert isinstance(codec, ChannelScale) and isinstance(codec.inner, EntropyStage)
     assert get_codec(codec.get_config()) == codec
     assert with_channels(None, 1) is None and with_channels({"id": "raw"}, None) == {"id": "raw"}
     for bad in (-1, 256, 1.5, True, "1"):

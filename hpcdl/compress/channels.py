@@ -20,7 +20,7 @@ scales each channel by a power of two close to its spread before the inner codec
 Config: any codec's config with ``"channels": d`` (spec ``sz:abs=0.05,channels=1``), ``d`` the dim of the
 encoded tensor that indexes the channels (1 for a contiguous ``N, C, ...`` tensor; the session names it for
 each saved batch-norm input, whatever its memory format). :func:`~hpcdl.compress.get_codec` wraps the inner
-codec in it, inside an entropy stage if the config has one too. A tensor with at most ``d`` dims has no
+codec in it, with the entropy stage inside if the config has one too (around each chunk's inner stream). A tensor with at most ``d`` dims has no
 channels: one exponent for all of it.
 
 The scaled tensor is a copy, alive beside the original while the inner codec encodes it. So that the copy

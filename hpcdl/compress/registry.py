@@ -14,7 +14,9 @@ Three sources of codecs, looked up in this order:
 Any codec's config may add ``"entropy": "zstd"``: ``get_codec`` then wraps the codec in the lossless zstd
 stage of :mod:`hpcdl.compress.entropy` (spec ``sz:rel=1e-2,entropy=zstd``); and ``"channels": d``: the codec's
 bound then holds per channel (index of dim ``d``) in units of that channel's spread
-(:mod:`hpcdl.compress.channels`, spec ``sz:abs=0.05,channels=1``). The entropy stage goes outside.
+(:mod:`hpcdl.compress.channels`, spec ``sz:abs=0.05,channels=1``). The channels stage goes outside, so that
+the entropy stage sees the block streams of its inner codec, whose codes it compresses (and each chunk of a
+large tensor's is compressed on its own).
 """
 
 from __future__ import annotations
@@ -116,14 +118,14 @@ def get_codec(config: dict | Codec) -> Codec:
         raise TypeError(f"a codec config is a dict like {{'id': 'sz', 'mode': 'rel', 'bound': 1e-2}}, got {config!r}")
     if "id" not in config:
         raise ValueError(f"codec config {config!r} has no 'id'; known ids: {', '.join(known_codec_ids())}")
-    if "entropy" in config:  # any codec with the lossless zstd stage over its stream (hpcdl.compress.entropy)
-        from hpcdl.compress.entropy import EntropyStage
-
-        inner = {key: value for key, value in config.items() if key != "entropy"}
-        return EntropyStage(get_codec(inner), config["entropy"])
     if "channels" in config:  # any codec's bound per channel, in units of its spread (hpcdl.compress.channels)
         from hpcdl.compress.channels import ChannelScale
 
         inner = {key: value for key, value in config.items() if key != "channels"}
         return ChannelScale(get_codec(inner), config["channels"])
+    if "entropy" in config:  # any codec with the lossless zstd stage over its stream (hpcdl.compress.entropy)
+        from hpcdl.compress.entropy import EntropyStage
+
+        inner = {key: value for key, value in config.items() if key != "entropy"}
+        return EntropyStage(get_codec(inner), config["entropy"])
     return codec_class(config["id"]).from_config(dict(config))

@@ -108,19 +108,28 @@ class BlockCodec(Codec, Generic[State]):
         return Packed(header, data)
 
     @classmethod
-    def decode_with(cls, packed: Packed, backend: str) -> torch.Tensor:
-        """Decode with a chosen implementation, after checking the header and the payload against each other."""
-        if not isinstance(packed, Packed):
-            raise TypeError(f"{cls.codec_id} decodes a Packed, got {type(packed).__name__}")
-        header = read_header(packed.header, cls.codec_id, cls.fields, cls.retired_fields)
+    def read_stream_header(cls, header_bytes: bytes) -> tuple[Header, StreamCounts, State, Layout]:
+        """The header of one of this codec's streams, its counts and state, and the layout of its payload (a raw
+        fallback's payload is the tensor's bytes instead); CodecError for a header this codec cannot have
+        written."""
+        header = read_header(header_bytes, cls.codec_id, cls.fields, cls.retired_fields)
         dtype, numel = header.dtype, header.numel
         read = cls._read_fields(header) if dtype in cls.dtypes else None
         if read is None or read[0].flags not in (0, FLAG_RAW) or read[0].block != BLOCK:
             raise CodecError(f"{cls.codec_id} packed header has impossible fields {header.fields} for {dtype}: "
                              "corrupted")
         counts, state = read
-        raw = counts.flags == FLAG_RAW
         layout = Layout(cls._code_count(numel, dtype), counts.n_words, counts.n_outliers, dtype.itemsize)
+        return header, counts, state, layout
+
+    @classmethod
+    def decode_with(cls, packed: Packed, backend: str) -> torch.Tensor:
+        """Decode with a chosen implementation, after checking the header and the payload against each other."""
+        if not isinstance(packed, Packed):
+            raise TypeError(f"{cls.codec_id} decodes a Packed, got {type(packed).__name__}")
+        header, counts, state, layout = cls.read_stream_header(packed.header)
+        dtype, numel = header.dtype, header.numel
+        raw = counts.flags == FLAG_RAW
         check_payload_length(packed.data, raw_payload_size(numel, dtype) if raw else layout.total, cls.codec_id)
         kernels = backend_module(backend, packed.device)
         if raw:

@@ -33,7 +33,7 @@ from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count, index_dtype
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import DTYPE_CODES
 
-ABI_VERSION = 2  # HPCDL_HOST_ABI_VERSION of kernels/host_api.h: raise both together
+ABI_VERSION = 3  # HPCDL_HOST_ABI_VERSION of kernels/host_api.h: raise both together
 PART_BLOCKS = 8192  # blocks per part of the fused encoder and the decoder: HPCDL_PART_BLOCKS of kernels/host_api.h
 ISA_VARIABLE = "HPCDL_HOST_ISA"
 LIBRARY_VARIABLE = "HPCDL_HOST_LIBRARY"
@@ -60,6 +60,9 @@ PROTOTYPES: dict[str, tuple[type | None, list[type]]] = {
     "hpcdl_pack": (None, [c_void_p, c_longlong, c_void_p, c_void_p, c_void_p]),
     "hpcdl_unpack": (None, [c_void_p, c_void_p, c_void_p, c_longlong, c_void_p]),
     "hpcdl_checksum": (c_ulonglong, [c_void_p, c_longlong]),
+    "hpcdl_codes_encode": (c_longlong, [c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_void_p, c_void_p]),
+    "hpcdl_codes_decode": (c_int, [c_void_p, c_longlong, c_int, c_void_p, c_longlong, c_int, c_void_p, c_void_p,
+                                   c_longlong]),
 }
 
 
@@ -259,6 +262,23 @@ def unpack(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, nu
     q = torch.empty(numel, dtype=torch.int32)
     LIBRARY.hpcdl_unpack(_ptr(headers), _ptr(offsets), _ptr(words), numel, _ptr(q))
     return q
+
+
+def codes_encode(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, numel: int,
+                 bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """reference.codes_encode, in one pass of the calling thread."""
+    packed = torch.empty(-(-numel // (8 // bits)), dtype=torch.uint8)
+    escapes = torch.empty(numel, dtype=torch.int32)  # pages no escape reaches are never touched
+    count = LIBRARY.hpcdl_codes_encode(_ptr(headers), _ptr(offsets), _ptr(words), numel, bits, _ptr(packed),
+                                       _ptr(escapes))
+    return packed, escapes[:count].clone()
+
+
+def codes_decode(packed: torch.Tensor, numel: int, bits: int, escapes: torch.Tensor, max_zigzag: int,
+                 headers: torch.Tensor, words: torch.Tensor) -> int:
+    """reference.codes_decode, in one pass of the calling thread."""
+    return LIBRARY.hpcdl_codes_decode(_ptr(packed), numel, bits, _ptr(escapes), escapes.numel(), max_zigzag,
+                                      _ptr(headers), _ptr(words), words.numel())
 
 
 def sz_decode(data: torch.Tensor, layout: Layout, expected_checksum: int, dtype: torch.dtype,

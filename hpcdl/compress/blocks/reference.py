@@ -14,10 +14,10 @@ import torch
 from hpcdl.compress.blocks import twopass
 from hpcdl.compress.blocks.params import KERNEL_MODE_PW_REL, MAX_Q, STAT_BITS, SzParams, compute_dtype
 from hpcdl.compress.blocks.protocol import BlockPayload
-from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count
+from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count, word_offsets
 
-__all__ = ["RESOLVES_PARAMS", "block_headers", "checksum", "decode_blocks", "pack", "sz_decode", "sz_encode",
-           "sz_headers", "sz_pack", "sz_stats", "unpack"]
+__all__ = ["RESOLVES_PARAMS", "block_headers", "checksum", "codes_decode", "codes_encode", "decode_blocks", "pack",
+           "sz_decode", "sz_encode", "sz_headers", "sz_pack", "sz_stats", "unpack"]
 
 PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO, PRED_SPARSE = 0, 1, 2, 3
 _CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
@@ -295,6 +295,56 @@ RESOLVES_PARAMS = False  # the codec computes SzParams.for_tensor with sz_stats 
 def sz_encode(x: torch.Tensor, params: SzParams, raw_size: int) -> tuple[SzParams, BlockPayload | None]:
     """BlockKernels.sz_encode: sz_headers, the prefix sums, then sz_pack."""
     return params, twopass.sz_encode(sz_headers, sz_pack, checksum, x, params, raw_size)
+
+
+# ---------------------------------------------------------------- the entropy stage's codes layout
+
+
+def codes_encode(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, numel: int,
+                 bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes layout of hpcdl.compress.codes: the ``numel`` codes of a stream's blocks (validated headers, their
+    word offsets, the words; codes of magnitude at most MAX_Q), zigzagged and packed ``bits`` bits each (2, 4 or 8),
+    code ``i`` in bits ``(i mod 8/bits) * bits`` of byte ``i // (8/bits)``, unused bits zero; a zigzag value of
+    ``e = 2^bits - 1`` or more is written as ``e`` and its excess over ``e`` goes, in code order, to the escapes.
+    Returns the bytes (uint8) and the escapes (int32)."""
+    escape, per_byte = (1 << bits) - 1, 8 // bits
+    q = unpack(headers, offsets, words, numel)
+    values = (q << 1) ^ (q >> 31)  # zigzag; |q| <= MAX_Q keeps it below 2^31
+    escaped = values >= escape
+    escapes = values[escaped] - escape
+    small = values.clamp(max=escape).to(torch.uint8)
+    small = torch.cat([small, small.new_zeros(-numel % per_byte)]).view(-1, per_byte)
+    packed = small[:, 0].clone()
+    for lane in range(1, per_byte):
+        packed |= small[:, lane] << (lane * bits)
+    return packed, escapes
+
+
+def codes_decode(packed: torch.Tensor, numel: int, bits: int, escapes: torch.Tensor, max_zigzag: int,
+                 headers: torch.Tensor, words: torch.Tensor) -> int:
+    """The inverse of codes_encode from untrusted bytes: writes the block headers and the words of the ``numel``
+    codes in ``packed`` (their escapes: ``escapes``, each in [0, max_zigzag - 2^bits + 1]) into ``headers`` and
+    ``words`` (int32, exactly as many words as the codes need). Returns 0; -1 if an escape is missing, out of
+    range or left over; -2 if a bit past the last code is set; -3 if the codes need another number of words."""
+    escape, per_byte = (1 << bits) - 1, 8 // bits
+    values = torch.stack([(packed >> (lane * bits)) & escape for lane in range(per_byte)], dim=1).view(-1)
+    if bool(values[numel:].any()):
+        return -2
+    values = values[:numel].to(torch.int64)
+    escaped = values == escape
+    if int(escaped.sum()) != escapes.numel():
+        return -1
+    if escapes.numel() and bool(((escapes < 0) | (escapes > max_zigzag - escape)).any()):
+        return -1
+    values[escaped] += escapes.to(torch.int64)
+    q = ((values >> 1) ^ -(values & 1)).to(torch.int32)
+    block_header = block_headers(q)
+    offsets, n_words = word_offsets(block_header)
+    if n_words != words.numel():
+        return -3
+    headers.copy_(block_header)
+    pack(q, block_header, offsets, words)
+    return 0
 
 
 def _decode(headers: torch.Tensor, n_words: int, words: torch.Tensor, numel: int, dtype: torch.dtype,
