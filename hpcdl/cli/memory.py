@@ -9,7 +9,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "batch-size",
         help="largest batch whose measured step peak fits a budget, without and with compression",
-        description="Search measured training-step peaks (doubling, then bisection) for the largest per-device "
+        description="Search measured training-step peaks (doubling from --start, then bisection) for the largest per-device "
         "batch within --budget, for the uncompressed baseline and for --policy, and print both with the "
         "activation ratio and the peak ratio at the baseline's batch.",
     )
@@ -24,7 +24,8 @@ def register(subparsers) -> None:
                              "hpcdl.runtime.policy.DEFAULT_POLICY_SPEC)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--threshold", type=int, default=None, help="bytes below which saved tensors stay as they are")
-    parser.add_argument("--start", type=int, default=1, help="first batch to try; the search doubles from it (default: 1)")
+    parser.add_argument("--start", type=int, default=1,
+                        help="first batch to try; the search steps away from it by 1, 2, 4, ... (default: 1, doubling)")
     parser.add_argument("--limit", type=int, default=1 << 16, help="largest batch to try (default: 65536)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads in the measuring process")
     parser.set_defaults(handler=run)
