@@ -200,6 +200,26 @@ def test_no_changed_body_crashes_or_decodes_silently_wrong():
     assert outcomes["clear"] > 300
 
 
+def test_a_forged_inner_header_cannot_make_decoding_allocate_without_bound():
+    """The rebuilt payload is sized from the inner header: one declaring far more words than its codes' raw
+    bytes is refused before anything is allocated."""
+    tensor = TENSORS["relu"]
+    _, staged = _staged(1e-1)
+    packed = staged.encode(tensor)
+    inner = _inner(packed)
+    header = read_header(inner.header, "sz", "BBBBdddddddQQ")
+    fields = (*header.fields[:-2], 2**40, header.fields[-1])  # 4 TiB of words
+    forged = write_header("sz", header.dtype, header.shape, "BBBBdddddddQQ", *fields, checksum=header.checksum)
+    content = torch.cat([header_prefix(forged), inner.data])
+    import zstandard
+
+    data = torch.frombuffer(bytearray(zstandard.ZstdCompressor().compress(content.numpy())), dtype=torch.uint8)
+    outer = read_header(packed.header, "entropy", "B")
+    with pytest.raises(CodecError, match="more than their raw bytes"):
+        staged.decode(Packed(write_header("entropy", outer.dtype, outer.shape, "B", outer.fields[0],
+                                          checksum=payload_checksum(data)), data))
+
+
 def test_a_codes_layout_over_an_inner_stream_without_codes_is_refused():
     _, staged = _staged(1e-1)
     packed = staged.encode(TENSORS["relu"])

@@ -118,6 +118,9 @@ def decode_body(body: torch.Tensor, layout: Layout, bits: int, codec_id: str) ->
     MAX_Q. The payload's own checksum is the codec's to check."""
     if bits not in CODE_BITS:
         raise CodecError(f"entropy stream's codes are {bits} bits wide, not one of {list(CODE_BITS)}: corrupted")
+    if layout.total > layout.numel * layout.value_size + 7:  # the encoder stores such a stream raw, without codes
+        raise CodecError(f"entropy stream's {codec_id} header declares a payload of {layout.total} bytes for "
+                         f"{layout.numel} codes, more than their raw bytes: corrupted")
     packed_bytes = -(-layout.numel // (8 // bits))
     tail = layout.total - layout.indices_at
     escape_bytes = body.numel() - packed_bytes - tail
