@@ -29,8 +29,10 @@ SIZE_POINTS = 8
 #: Candidate bounds per octave (the controller's grid).
 STEPS_PER_OCTAVE = 4
 #: The allocation plans for this fraction less than the budget: the interpolated sizes ran up to 0.4% low on
-#: the small CNN of tests/test_adaptive_budget.py, and the next batch packs a little differently.
-HEADROOM = 0.02
+#: the small CNN of tests/test_adaptive_budget.py with sz alone, and up to 2.9% low with the entropy stage's codes
+#: layouts (whose bytes step where the code width changes, between the ladder's points); the next batch packs a
+#: little differently.
+HEADROOM = 0.05
 
 
 class AdaptiveBudgetWarning(UserWarning):
