@@ -6,7 +6,11 @@
 # e3492a8 (batch norms' inputs bounded per channel, the error budgets shared at their optimum), the ActNN
 # runs at the bits `matched-bits` read from those adaptive runs; nothing the other methods' code paths
 # depend on changed between them. (Two adaptive changes after e3492a8, b44e233 and the negligible slots'
-# bare recording, skip trial encodes whose results the decisions never used; not re-run.)
+# bare recording, skip trial encodes whose results the decisions never used; not re-run.) Every method with
+# the entropy stage (both static sz+zstd settings, adaptive, adaptive:alpha=1) and the ActNN runs matched to the
+# new adaptive ratios were re-run at e5b30de (the stage compresses sz's codes repacked whole), with METHODS
+# restricted to them: the other methods' committed rows are unchanged (their configs resolve to other digests
+# since the shipped configs' default codec became sz rel 1e-3, which none of them uses).
 # Run from the repository root with the venv active; OUT holds results.jsonl and the trainer's run
 # directories (the run directories are not committed). Each command resumes if interrupted: a run
 # already in OUT's results (same model, method, seed, settings and resolved config) is not run again.
