@@ -167,6 +167,7 @@ class EntropyStage(Codec):
                              f"{self.inner.codec_id!r}: corrupted or decoded with the wrong codec")
         if layout in _BITS_OF:
             inner = self._from_codes(inner, _BITS_OF[layout])
+            del stream  # the codes body: freed before the inner decode allocates the tensor, not held beside it
         restored = self.inner.decode(inner)
         if restored.shape != header.shape or restored.dtype != header.dtype:
             raise CodecError(f"entropy stream's inner stream decodes to {tuple(restored.shape)} {restored.dtype}, "
