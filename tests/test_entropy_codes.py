@@ -234,6 +234,17 @@ def test_a_codes_layout_over_an_inner_stream_without_codes_is_refused():
                                           checksum=payload_checksum(packed.data)), packed.data))
 
 
+def test_int_streams_whose_codes_may_pass_sz_range_keep_zstd_over_the_stream():
+    """``int``'s codes are any int32 (rare huge values among small ones would escape past sz's code range): its
+    streams are compressed as they are, and round trip."""
+    values = torch.randint(0, 9, (100_000,), dtype=torch.int32, generator=GENERATOR)
+    values[::40], values[1::40] = 2**31 - 5, -(2**31) + 3
+    codec = get_codec({"id": "int", "entropy": "zstd"})
+    packed = codec.encode(values)
+    assert _layout(packed) == ZSTD_STREAM
+    assert torch.equal(codec.decode(packed), values)
+
+
 def test_the_width_follows_the_escapes_of_a_sample():
     codec = get_codec({"id": "sz", "mode": "abs", "bound": 0.5})
     for spread, bits in ((0.2, 2), (2.0, 4), (30.0, 8), (1e5, None)):

@@ -1,9 +1,9 @@
 """A block stream's codes laid out for zstd: the ``codes`` layouts of the entropy stage (hpcdl.compress.entropy).
 
-``sz`` and ``int`` pack each block of 32 codes as bit planes at the block's width (docs/format.md section 4).
+``sz`` (like ``int``) packs each block of 32 codes as bit planes at the block's width (docs/format.md section 4).
 zstd over those words sees bytes that hold one bit of each of 8 lanes, so its Huffman stage cannot see how
 skewed the codes are: on the zoo's activations at coarse bounds, an order-0 entropy coder over the codes would
-need 1.1-1.25x fewer bytes than zstd over the stream (docs/results/headroom.txt). Here a stream's block headers
+need 1.1-1.25x fewer bytes than zstd over the stream (docs/results/headroom.txt). Here an sz stream's block headers
 and words are replaced by the codes themselves, zigzagged and packed ``k`` bits each (``k`` = 2, 4 or 8: four,
 two or one code per byte), so that every byte zstd codes is whole codes: its Huffman stage then codes pairs or
 quadruples of codes (less than a bit per code where most are zero) and its match finder sees runs of codes (a

@@ -12,10 +12,10 @@ Config: any codec's config with ``"entropy": "zstd"`` (spec ``sz:rel=1e-2,entrop
 wraps the codec it names. The guarantee is the inner codec's (bound, exactness), since the stage is lossless.
 
 Layouts. zstd over a finished stream sees what the inner codec wrote; for a block stream (``sz``, ``int``) those
-are bit planes, in which zstd's Huffman stage cannot see the codes' skew. So for a block stream the stage
-compresses the codes themselves, repacked whole 2, 4 or 8 bits each (:mod:`hpcdl.compress.codes`), unless its
+are bit planes, in which zstd's Huffman stage cannot see the codes' skew. So for an ``sz`` stream (whose codes are
+bounded: ``BlockCodec.bounded_codes``) the stage compresses the codes themselves, repacked whole 2, 4 or 8 bits each (:mod:`hpcdl.compress.codes`), unless its
 codes are too wide for 8 bits: 1.05-1.3x fewer bytes than zstd over the stream on the zoo's activations
-(docs/codecs.md#entropy). Every other inner stream, and a block stream's raw fallback, is compressed as it is.
+(docs/codecs.md#entropy). Every other inner stream (``int``'s too), and a raw fallback, is compressed as it is.
 
 Stream: a header with codec id ``entropy``, the tensor's dtype and shape and one field, ``layout`` (u8): 0 the
 inner stream stored as it is (zstd did not shrink it), 1 zstd over the inner stream, 2, 3 and 4 zstd over a block
@@ -135,9 +135,10 @@ class EntropyStage(Codec):
     def _body(self, packed: Packed) -> tuple[int, list[torch.Tensor]]:
         """The layout for the inner stream ``packed`` and what zstd compresses after its header: a block stream's
         codes where they fit 8 bits (and their body is no larger than the tensor's raw bytes), else its payload."""
-        if not isinstance(self.inner, BlockCodec) or packed.codec_id != self.inner.codec_id:
+        inner = self.inner
+        if not isinstance(inner, BlockCodec) or not inner.bounded_codes or packed.codec_id != inner.codec_id:
             return ZSTD_STREAM, [packed.data]
-        _, counts, _, layout = self.inner.read_stream_header(packed.header)
+        _, counts, _, layout = inner.read_stream_header(packed.header)
         bits = code_bits(packed.data, layout) if counts.flags != FLAG_RAW else None
         if bits is None:
             return ZSTD_STREAM, [packed.data]
@@ -176,9 +177,9 @@ class EntropyStage(Codec):
 
     def _from_codes(self, inner: Packed, bits: int) -> Packed:
         """The block stream whose header is ``inner``'s and whose codes body is ``inner``'s payload."""
-        if not isinstance(self.inner, BlockCodec):
-            raise CodecError(f"entropy stream holds codes, its inner codec {self.inner.codec_id!r} has none: "
-                             "corrupted")
+        if not (isinstance(self.inner, BlockCodec) and self.inner.bounded_codes):
+            raise CodecError(f"entropy stream holds codes, its inner codec {self.inner.codec_id!r} takes no codes "
+                             "layout: corrupted")
         _, counts, _, layout = self.inner.read_stream_header(inner.header)
         if counts.flags == FLAG_RAW:
             raise CodecError("entropy stream holds codes of a raw-fallback stream, which has none: corrupted")

@@ -45,6 +45,9 @@ class BlockCodec(Codec, Generic[State]):
 
     fields: ClassVar[str]  # struct format of the codec's header fields (docs/format.md)
     retired_fields: ClassVar[dict[int, str]] = {}  # field sizes of earlier formats -> why they are not read
+    #: Whether every code is at most MAX_Q in magnitude (sz's quantizer guarantees it; ``int``'s codes are any
+    #: int32): only such streams take the entropy stage's codes layouts (hpcdl.compress.codes).
+    bounded_codes: ClassVar[bool] = False
 
     # ---------------------------------------------------------------- what a subclass says
 

@@ -69,6 +69,7 @@ class Sz(BlockCodec[SzParams]):
     error_bounded = True
     fields = FIELDS
     retired_fields = RETIRED_FIELDS
+    bounded_codes = True
 
     def __init__(self, mode: str = "rel", bound: float = 1e-2):
         check_mode(self.codec_id, mode, self.modes)
