@@ -15,9 +15,15 @@ Writes gpu_check/report.json and gpu_check/report.md. Exit status: 0 every check
   too little memory);
 - streams: an encode queued on a side stream behind a slow kernel gives the same bytes as on an idle device;
 - memory: memory_allocated is back to its baseline after encode/decode, and does not grow over 200 calls;
-- speed: GB/s of encode and decode next to a device copy, a bfloat16 cast and aminmax on 256 MiB; per-call
-  latency at 64 KiB, 1 MiB and 16 MiB; one training step's max_memory_allocated and time with and without the
-  saved activations compressed.
+- speed: GB/s of encode and decode next to a device copy, a bfloat16 cast and aminmax on 256 MiB (a smooth
+  tensor and a ReLU of noise); per-call latency at 64 KiB, 1 MiB and 16 MiB; one training step's
+  max_memory_allocated and time with and without the saved activations compressed;
+- syncs: the synchronising torch calls of one encode and one decode (torch.cuda.set_sync_debug_mode);
+- deepcam_step: the climate DeepLabv3+ at DeepCAM's full input (16x768x1152): step time and
+  max_memory_allocated in fp32 and under bf16 autocast, without compression, with sz rel 1e-2 and with the
+  adaptive policy (issue 12's target: sz at most 10 % slower than the bf16 autocast step).
+
+The report is rewritten after every check, so a run cut short still leaves what it measured.
 """
 
 from __future__ import annotations
@@ -195,18 +201,34 @@ def _time(function, repeat: int = 10) -> float:
     return (time.perf_counter() - start) / repeat
 
 
+def _throughput(x: torch.Tensor, mode: str, bound: float) -> dict:
+    """GB/s of input bytes for one codec setting on ``x``, and its ratio."""
+    from hpcdl.compress.sz import Sz
+
+    codec = Sz(mode, bound)
+    packed = codec.encode(x)
+    size = x.numel() * x.element_size() / 1e9
+    return {"ratio": x.numel() * x.element_size() / packed.nbytes,
+            "encode_GBps": size / _time(lambda: codec.encode(x)),
+            "decode_GBps": size / _time(lambda: Sz.decode(packed))}
+
+
 def measure_speed() -> dict:
+    """Encode/decode GB/s on 256 MiB of float32 (counting input bytes), next to what a copy, a cast and a
+    reduction of the same tensor take, and the per-call latency of small tensors."""
     from hpcdl.compress.sz import Sz
 
     n = 256 * 2**20 // 4
     x = torch.cumsum(torch.randn(n, device="cuda"), 0) * 0.01
+    relu_noise = torch.relu(torch.randn(n, device="cuda"))
     codec = Sz("rel", 1e-2)
-    packed = codec.encode(x)
     size = x.numel() * 4 / 1e9
     result = {
-        "bytes": x.numel() * 4, "ratio": x.numel() * 4 / packed.nbytes,
-        "encode_GBps": size / _time(lambda: codec.encode(x)),
-        "decode_GBps": size / _time(lambda: Sz.decode(packed)),
+        "bytes": x.numel() * 4,
+        "smooth": {f"{mode} {bound:g}": _throughput(x, mode, bound)
+                   for mode, bound in (("rel", 1e-2), ("rel", 1e-1), ("abs", 1e-3), ("pw_rel", 1e-2))},
+        "relu_noise": {f"{mode} {bound:g}": _throughput(relu_noise, mode, bound)
+                       for mode, bound in (("rel", 1e-2), ("rel", 1e-1))},
         "copy_GBps": size / _time(lambda: x.clone()),
         "bf16_cast_GBps": size / _time(lambda: x.to(torch.bfloat16)),
         "aminmax_GBps": size / _time(lambda: torch.aminmax(x)),
@@ -251,9 +273,82 @@ def measure_training_step() -> dict:
     return result
 
 
+def measure_syncs() -> dict:
+    """How many synchronising torch calls one encode and one decode make (the design: one each)."""
+    import warnings
+
+    from hpcdl.compress.sz import Sz
+
+    x = _sample(1_000_000, torch.float32, 5).cuda()
+    codec = Sz("rel", 1e-2)
+    packed = codec.encode(x)
+    torch.cuda.synchronize()
+    counts = {}
+    for name, call in (("encode", lambda: codec.encode(x)), ("decode", lambda: Sz.decode(packed))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                call()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts[name] = sum("synchroniz" in str(w.message) for w in caught)
+    return counts
+
+
+def measure_deepcam_step(device: str = "cuda", scale: str = "full", batch: int = 2, steps: int = 3) -> dict:
+    """Step time (mean of ``steps`` after two warm-ups; the adaptive policy after its first decisions) and
+    max_memory_allocated of the climate DeepLabv3+ at ``scale`` under each activation setting."""
+    import hpcdl
+    from hpcdl.memory import Workload
+
+    cuda = torch.device(device).type == "cuda"
+    model, x, y, loss_fn = Workload("deeplabv3p-climate", scale).build(batch, seed=0)
+    model, x, y = model.to(device), x.to(device), y.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    settings = {"fp32": (None, False), "bf16 autocast": (None, True), "sz rel 1e-2": ("sz:rel=1e-2", False),
+                "sz rel 1e-2, bf16 autocast": ("sz:rel=1e-2", True), "adaptive": ("adaptive", False)}
+    result: dict = {"model": "deeplabv3p-climate", "scale": scale, "input": list(x.shape), "batch": batch}
+    for name, (spec, autocast) in settings.items():
+        policy = hpcdl.Policy.adaptive() if spec == "adaptive" else spec
+
+        def step(policy=policy, autocast=autocast) -> float:
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=autocast):
+                if policy is None:
+                    loss = loss_fn(model(x), y)
+                else:
+                    with hpcdl.compressed(model, policy):
+                        loss = loss_fn(model(x), y)
+            loss.backward()
+            if isinstance(policy, hpcdl.Policy):
+                policy.record_gradients(model)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        warmups = 6 if spec == "adaptive" else 2
+        for _ in range(warmups):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+        result[name] = {"seconds": (time.perf_counter() - start) / steps,
+                        "max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None}
+    base = result["bf16 autocast"]["seconds"]
+    for name in settings:
+        result[name]["vs_bf16_autocast"] = result[name]["seconds"] / base
+    return result
+
+
 CHECKS = {"identity": check_identity, "bound": check_bound, "corrupt": check_corrupt, "large": check_large,
           "streams": check_streams, "memory": check_memory}
-MEASUREMENTS = {"speed": measure_speed, "training_step": measure_training_step}
+MEASUREMENTS = {"syncs": measure_syncs, "speed": measure_speed, "training_step": measure_training_step,
+                "deepcam_step": measure_deepcam_step}
 
 
 def device_available() -> str | None:
@@ -282,7 +377,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_check"))
     parser.add_argument("--quick", action="store_true", help="skip the 3M-element identity cases")
+    parser.add_argument("--only", default="", help="comma-separated checks and measurements to run (default all)")
     args = parser.parse_args(argv)
+    only = {name for name in args.only.split(",") if name}
+    unknown = only - set(CHECKS) - set(MEASUREMENTS)
+    if unknown:
+        parser.error(f"--only names {sorted(unknown)}; the checks and measurements are "
+                     f"{', '.join([*CHECKS, *MEASUREMENTS])}")
     missing = device_available()
     if missing:
         write_report(args.out, {"verdict": "no device", "reason": missing})
@@ -291,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
                     "checks": {}, "measurements": {}}
     for name, check in CHECKS.items():
+        if only and name not in only:
+            continue
         start = time.perf_counter()
         try:
             report["checks"][name] = check(args.quick) if name == "identity" else check()
@@ -298,11 +401,18 @@ def main(argv: list[str] | None = None) -> int:
             report["checks"][name] = {"ok": False, "error": traceback.format_exc()}
         report["checks"][name]["seconds"] = time.perf_counter() - start
         print(f"{name}: {'pass' if report['checks'][name]['ok'] else 'FAIL'}", flush=True)
+        write_report(args.out, {**report, "verdict": "incomplete"})
     for name, measure in MEASUREMENTS.items():
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
         try:
             report["measurements"][name] = measure()
         except Exception:
             report["measurements"][name] = {"error": traceback.format_exc()}
+        print(f"{name}: {time.perf_counter() - start:.1f} s", json.dumps(report["measurements"][name], default=str),
+              flush=True)
+        write_report(args.out, {**report, "verdict": "incomplete"})
     passed = all(result["ok"] for result in report["checks"].values())
     report["verdict"] = "pass" if passed else "FAIL"
     write_report(args.out, report)
