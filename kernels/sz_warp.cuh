@@ -335,12 +335,16 @@ __device__ inline double hp_py_min(double a, double b) { return b < a ? b : a; }
 __device__ inline double hp_inf() { return hp_u2d(0x7ff0000000000000ull); }
 
 // The absolute bound: abs's, or rel's bound * (max - min) over the finite elements from the range slots, 0
-// without finite elements (the float64 arithmetic of hpcdl.compress.value_range).
+// without finite elements (the float64 arithmetic of hpcdl.compress.value_range); 0 when the bin width 2 eb
+// overflows (params.usable_eb).
 __device__ inline double hp_sz_eb(const volatile hp_u64* summary, const HpSzRequest& r) {
-    if (!r.rel) return r.eb;
-    hp_u64 high = summary[HPCDL_SUM_RANGE_HIGH], low = summary[HPCDL_SUM_RANGE_LOW];
-    double range = high ? hp_key_value(high) - hp_key_value(~low) : 0.0;
-    return r.bound * range;
+    double eb = r.eb;
+    if (r.rel) {
+        hp_u64 high = summary[HPCDL_SUM_RANGE_HIGH], low = summary[HPCDL_SUM_RANGE_LOW];
+        double range = high ? hp_key_value(high) - hp_key_value(~low) : 0.0;
+        eb = r.bound * range;
+    }
+    return 2.0 * eb < hp_inf() ? eb : 0.0;
 }
 
 // SzParams(mode, bound, eb, 0, step=...) of params.py, with its inv.

@@ -111,6 +111,14 @@ def test_random_bit_patterns_are_the_host_streams(standin, dtype):
         assert_like_host(random_bits(2 * 1024 + 33, dtype), mode, bound)
 
 
+def test_a_bin_width_past_float64_is_the_host_stream(standin):
+    """rel over float64 values whose range overflows (eb 0 on both, every nonzero an outlier)."""
+    x = torch.tensor([1e308, -1e308, 1.0, 0.0, -2.5, math.nan] * 700, dtype=torch.float64)
+    for mode, bound in [("rel", 1e-2), ("abs", 1e308)]:
+        assert_like_host(x, mode, bound)
+        assert torch.equal(bits_of(Sz.decode_with(Sz(mode, bound).encode_with(x, "cuda"), "cuda")), bits_of(x))
+
+
 def test_constant_and_special_only_tensors(standin):
     """rel of a constant tensor (eb = 0: all outliers, the raw fallback), all-NaN, all-zero, one Inf."""
     for x in (torch.full((100,), 3.0), torch.full((100,), math.nan), torch.zeros(5000), torch.tensor([math.inf]),

@@ -148,6 +148,15 @@ def test_huge_range_and_subnormals():
         _round_trip(x, mode, bound)
 
 
+@pytest.mark.parametrize("mode,bound", [("rel", 1e-2), ("rel", 0.5), ("abs", 1e308)])
+def test_a_bin_width_past_float64_keeps_every_value(mode, bound):
+    """float64 values whose range (or an abs bound whose bin width 2 eb) overflows float64: eb is 0, every
+    nonzero an outlier, and the stream decodes to the tensor itself (it once carried eb = inf and was refused)."""
+    x = torch.tensor([1e308, -1e308, 1.0, 0.0, -0.0, 3e-320, math.nan, -2.5] * 130, dtype=torch.float64)
+    packed = _round_trip(x, mode, bound)
+    assert _same_bits(get_codec({"id": "sz", "mode": mode, "bound": bound}).decode(packed), x)
+
+
 def test_relu_mask_survives():
     x = torch.relu(torch.randn(10000)) - 0.001
     restored = get_codec({"id": "sz", "mode": "rel", "bound": 1e-1}).decode(

@@ -104,7 +104,7 @@ class SzParams:
             half = (1 << shift) >> 1
             trial = cls(mode, bound, 0.0, shift, base=(half, half))
             return cls(mode, bound, 0.0, shift, base=_pw_rel_bases(trial, stats(tensor, trial), tensor.dtype))
-        eb = bound if mode == "abs" else bound * value_range(tensor)
+        eb = usable_eb(bound if mode == "abs" else bound * value_range(tensor))
         if not eb > 0:
             return cls(mode, bound, eb, 0)
         sample = _sample(tensor)
@@ -124,6 +124,13 @@ class SzParams:
         offsets = _mean_offsets(sums, eb)
         base = tuple(min(max(centre + offset, step), 2.0 * eb) for offset in offsets)
         return SzParams(self.mode, self.bound, eb, 0, step, (sub[0], sub[1]), (base[0], base[1]))
+
+
+def usable_eb(eb: float) -> float:
+    """``eb``, or 0 when its bin width 2 eb overflows float64 (rel over float64 values whose range does): no
+    quantization then, every nonzero element an outlier kept exactly. hp_sz_eb of kernels/sz_warp.cuh is the
+    same rule."""
+    return eb if 2.0 * eb < math.inf else 0.0
 
 
 def _mean_offsets(sums: Sequence[int], eb: float) -> tuple[float, float]:
