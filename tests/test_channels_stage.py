@@ -121,6 +121,19 @@ def test_config_round_trip_spec_and_stage_order():
         ChannelScale(get_codec({"id": "sz", "mode": "abs", "bound": 0.05, "channels": 1}), 1)
 
 
+def test_a_device_tensors_chunks_hold_the_inner_stream_the_entropy_stage_left_as_it_is(monkeypatch):
+    """On a CUDA tensor the entropy stage under the channels stage leaves sz's stream as it is; the channels
+    stage decodes it (it once refused it as 'sz' where it expected 'entropy', failing every batch norm's backward
+    on a GPU). The device path is the stage's encode of a non-CPU tensor, imitated here on the CPU."""
+    monkeypatch.setattr(EntropyStage, "_encode", lambda self, tensor: self.inner.encode(tensor))
+    codec = get_codec(with_channels({"id": "sz", "mode": "abs", "bound": 0.05, "entropy": "zstd"}, 1))
+    x = _spread_channels()
+    restored = codec.decode(codec.encode(x))
+    assert bool(((restored - x).abs() <= _per_channel_bound(x, 0.05, 1)).all())
+    with pytest.raises(CodecError, match="holds a 'sz' stream, its inner codec 'entropy' decodes \\['entropy', 'quant'\\]"):
+        get_codec(with_channels({"id": "quant", "bits": 2, "entropy": "zstd"}, 1)).decode(codec.encode(x))
+
+
 def test_a_stream_decoded_with_another_dim_or_with_forged_exponents_is_refused():
     x = _spread_channels(shape=(2, 4, 6, 6))
     codec = get_codec({"id": "sz", "mode": "abs", "bound": 0.05, "channels": 1})

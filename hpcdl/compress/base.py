@@ -178,6 +178,12 @@ class Codec(ABC):
             raise TypeError(f"{self.codec_id} decodes a Packed, got {type(packed).__name__}")
         return self._decode(packed)
 
+    @property
+    def stream_ids(self) -> tuple[str, ...]:
+        """The codec ids of the streams :meth:`decode` takes: its own; a stage that can leave its inner codec's
+        stream as it is (entropy on a CUDA tensor) adds that codec's."""
+        return (self.codec_id,)
+
     def restart_random(self, stream: int) -> None:  # noqa: B027  (optional hook; most codecs draw no noise)
         """Restart the codec's own random generator, if it has one, at ``stream`` (the runtime passes the
         training step before every forward): the noise of an encode then depends on the step and the encodes

@@ -201,9 +201,10 @@ class ChannelScale(Codec):
         """One chunk's inner stream decoded, checked against the shape and dtype the header gives it."""
         limit = _HEADER_ROOM + 2 * math.prod(shape) * dtype.itemsize
         inner = inner_packed(stream, limit, STREAM_ID)
-        if inner.codec_id != self.inner.codec_id:
-            raise CodecError(f"channels stream holds a {inner.codec_id!r} stream, this codec's inner codec is "
-                             f"{self.inner.codec_id!r}: corrupted or decoded with the wrong codec")
+        if inner.codec_id not in self.inner.stream_ids:
+            raise CodecError(f"channels stream holds a {inner.codec_id!r} stream, its inner codec "
+                             f"{self.inner.codec_id!r} decodes {list(self.inner.stream_ids)}: corrupted or decoded "
+                             f"with the wrong codec")
         restored = self.inner.decode(inner)
         if tuple(restored.shape) != tuple(shape) or restored.dtype != dtype:
             raise CodecError(f"channels stream's inner stream decodes to {tuple(restored.shape)} {restored.dtype}, "

@@ -110,6 +110,10 @@ class EntropyStage(Codec):
     def whole_tensor_limit(self) -> bool:  # type: ignore[override]
         return self.inner.whole_tensor_limit
 
+    @property
+    def stream_ids(self) -> tuple[str, ...]:
+        return (STREAM_ID, *self.inner.stream_ids)  # a device tensor's stream is the inner codec's
+
     def get_config(self) -> dict:
         return {**self.inner.get_config(), "entropy": self.method}
 
@@ -153,7 +157,7 @@ class EntropyStage(Codec):
         return Packed(header, data)
 
     def _decode(self, packed: Packed) -> torch.Tensor:
-        if packed.codec_id == self.inner.codec_id:  # a device tensor's stream: the stage did not run
+        if packed.codec_id != STREAM_ID:  # a device tensor's stream: the stage did not run
             return self.inner.decode(packed)
         header = read_header(packed.header, STREAM_ID, _FIELDS)
         (layout,) = header.fields
