@@ -3,7 +3,8 @@ stand-in ``cupy`` module that launches its kernels through ctypes, with torch CP
 
 hpcdl/compress/blocks/cuda.py runs unchanged on it: ``RawModule(...).get_function(name)((grid,), (threads,), args)``
 becomes ``hpcdl_emu_launch(name, grid, threads, args)``; ``cuda.Device`` and ``cuda.ExternalStream`` are context
-managers that do nothing. Every launch is recorded in ``CupyStandIn.launches``.
+managers that do nothing (``ExternalStream`` warns that it is deprecated, as cupy 14 does). Every launch is
+recorded in ``CupyStandIn.launches``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import ctypes
 import hashlib
 import subprocess
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -94,5 +96,11 @@ class CupyStandIn(types.ModuleType):
             def __exit__(self, *exc):
                 return False
 
+        class _ExternalStream(_Context):
+            def __init__(self, *args):
+                warnings.warn("ExternalStream is deprecated. Use Stream.from_external() instead to interoperate "
+                              "with external streams that implement the CUDA stream protocol.", DeprecationWarning,
+                              stacklevel=2)  # as cupy 14 does
+
         self.RawModule = RawModule
-        self.cuda = types.SimpleNamespace(Device=_Context, ExternalStream=_Context)
+        self.cuda = types.SimpleNamespace(Device=_Context, ExternalStream=_ExternalStream)

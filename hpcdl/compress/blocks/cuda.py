@@ -25,6 +25,7 @@ source compiled for the host); stream handle 0 then.
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -79,13 +80,25 @@ def _argument(value):
     return np.uint64(value.data_ptr()) if isinstance(value, torch.Tensor) else value
 
 
+@functools.lru_cache(maxsize=64)
+def _external_stream(cupy, handle: int, device_index: int):
+    """cupy's handle on torch's stream ``handle`` of device ``device_index``, made once per stream.
+
+    cupy 14 deprecates ``ExternalStream`` (for ``Stream.from_external``, which cupy 13 lacks); its warning is
+    ignored here alone, since under warnings-as-errors it would fail every launch."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "ExternalStream is deprecated", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle, device_index)
+
+
 def _launch(name: str, grid: int, threads: int, device: torch.device, *args) -> None:
     """Launch kernel ``name`` on ``device`` and its current torch stream."""
     if grid == 0:
         return
     cupy, module = _module()
+    index = device.index or 0
     handle = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    with cupy.cuda.Device(device.index or 0), cupy.cuda.ExternalStream(handle):
+    with cupy.cuda.Device(index), _external_stream(cupy, handle, index):
         module.get_function(name)((grid,), (threads,), tuple(_argument(a) for a in args))
 
 
