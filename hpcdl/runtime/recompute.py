@@ -141,14 +141,17 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
 @contextlib.contextmanager
 def buffers_kept(module: object) -> Iterator[None]:
     """Leaves ``module``'s buffers (if it is a module) as they were before the context: a recomputation repeats
-    a forward, and must not update a batch norm's running statistics (and its batch counter) a second time."""
+    a forward, and must not update a batch norm's running statistics (and its batch counter) a second time.
+
+    The values are put back through ``.data``, without a version bump: CUDA's batch norm updates its running
+    statistics without one and saves them for backward, so a tracked copy made them look modified in place."""
     buffers = [(buffer, buffer.clone()) for buffer in module.buffers()] if isinstance(module, torch.nn.Module) else []
     try:
         yield
     finally:
         with torch.no_grad():
             for buffer, before in buffers:
-                buffer.copy_(before)
+                buffer.data.copy_(before)
 
 
 class _Recomputation:
