@@ -103,12 +103,90 @@ HPCDL_HD inline double hp_u2d(hp_u64 u) {
 #endif
 }
 
+// ---------------------------------------------------------------- IEEE arithmetic whatever the flush-to-zero mode
+
+// The element functions' arithmetic in the compute type T (float or double), with subnormals kept on every
+// machine. cupy compiles every kernel with -ftz=true (cupy/cuda/compiler.py appends it), which makes float32
+// +, -, *, comparisons, fabsf and the float <-> double conversions flush subnormal inputs and results to zero,
+// while the host keeps them: the first run on an H200 gave other bytes than the host for every tensor with a
+// float32 or bfloat16 subnormal. On the device the float versions are PTX instructions without .ftz, which keep
+// subnormals whatever the flag; on the host, and for double (never flushed), the plain operators.
+HPCDL_HD inline float hp_abs(float x) { return hp_u2f(hp_f2u(x) & 0x7fffffffu); }
+HPCDL_HD inline double hp_abs(double x) { return fabs(x); }
+
+HPCDL_HD inline double hp_add(double a, double b) { return a + b; }
+HPCDL_HD inline double hp_sub(double a, double b) { return a - b; }
+HPCDL_HD inline double hp_mul(double a, double b) { return a * b; }
+HPCDL_HD inline bool hp_lt(double a, double b) { return a < b; }
+HPCDL_HD inline bool hp_le(double a, double b) { return a <= b; }
+HPCDL_HD inline hp_i32 hp_trunc(double a) { return (hp_i32)a; }
+HPCDL_HD inline double hp_widen(double a) { return a; }
+#if defined(__CUDA_ARCH__)
+__device__ inline float hp_add(float a, float b) {
+    float r;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ inline float hp_sub(float a, float b) {
+    float r;
+    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ inline float hp_mul(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ inline bool hp_lt(float a, float b) {
+    hp_u32 r;
+    asm("{\n\t.reg .pred p;\n\tsetp.lt.f32 p, %1, %2;\n\tselp.u32 %0, 1, 0, p;\n\t}" : "=r"(r) : "f"(a), "f"(b));
+    return r != 0u;
+}
+__device__ inline bool hp_le(float a, float b) {
+    hp_u32 r;
+    asm("{\n\t.reg .pred p;\n\tsetp.le.f32 p, %1, %2;\n\tselp.u32 %0, 1, 0, p;\n\t}" : "=r"(r) : "f"(a), "f"(b));
+    return r != 0u;
+}
+__device__ inline hp_i32 hp_trunc(float a) {
+    hp_i32 r;
+    asm("cvt.rzi.s32.f32 %0, %1;" : "=r"(r) : "f"(a));
+    return r;
+}
+__device__ inline double hp_widen(float a) {
+    double r;
+    asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(a));
+    return r;
+}
+__device__ inline float hp_narrow_f32(double a) {
+    float r;
+    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(a));
+    return r;
+}
+#else
+inline float hp_add(float a, float b) { return a + b; }
+inline float hp_sub(float a, float b) { return a - b; }
+inline float hp_mul(float a, float b) { return a * b; }
+inline bool hp_lt(float a, float b) { return a < b; }
+inline bool hp_le(float a, float b) { return a <= b; }
+inline hp_i32 hp_trunc(float a) { return (hp_i32)a; }
+inline double hp_widen(float a) { return (double)a; }
+inline float hp_narrow_f32(double a) { return (float)a; }
+#endif
+
+// A float64 parameter in the compute type T, rounded to nearest.
+template <class T>
+HPCDL_HD inline T hp_narrow(double a);
+template <>
+HPCDL_HD inline float hp_narrow<float>(double a) { return hp_narrow_f32(a); }
+template <>
+HPCDL_HD inline double hp_narrow<double>(double a) { return a; }
+
 HPCDL_HD inline float hp_half_to_float(hp_u16 h) {
     hp_u32 sign = (hp_u32)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
     if (exponent == 0x1f) return hp_u2f(sign | 0x7f800000u | (mantissa << 13));
     if (exponent == 0) {
-        float magnitude = (float)mantissa * 5.9604644775390625e-8f;  // mantissa * 2^-24, exact
-        return sign ? -magnitude : magnitude;
+        float magnitude = hp_mul((float)mantissa, 5.9604644775390625e-8f);  // mantissa * 2^-24, exact
+        return hp_u2f(hp_f2u(magnitude) | sign);
     }
     return hp_u2f(sign | ((exponent + 112) << 23) | (mantissa << 13));
 }
@@ -193,8 +271,6 @@ struct HpSzParams {
 // Fixed-point unit of the sz_stats sums of abs mode: eb / 2^HPCDL_STAT_BITS.
 #define HPCDL_STAT_BITS 20
 
-HPCDL_HD inline float hp_abs(float x) { return fabsf(x); }
-HPCDL_HD inline double hp_abs(double x) { return fabs(x); }
 
 // Decoded value of code q, in compute type T. Branch-free, and in unsigned arithmetic so that any q,
 // even one from a corrupted stream, is defined.
@@ -208,8 +284,8 @@ HPCDL_HD inline typename D::T hp_sz_value(hp_i32 q, const HpSzParams& p) {
         UT low = negative ? (UT)p.base[1] : (UT)p.base[0];
         value = D::from_bits((((UT)magnitude - 1) << p.shift) | low);
     } else {
-        T sub = negative ? (T)p.sub[1] : (T)p.sub[0], base = negative ? (T)p.base[1] : (T)p.base[0];
-        T binned = (T)(hp_i32)(magnitude - 2u) * (T)p.step + base;
+        T sub = hp_narrow<T>(negative ? p.sub[1] : p.sub[0]), base = hp_narrow<T>(negative ? p.base[1] : p.base[0]);
+        T binned = hp_add(hp_mul((T)(hp_i32)(magnitude - 2u), hp_narrow<T>(p.step)), base);
         value = magnitude == 1u ? sub : binned;
     }
     // sign and zero as bit operations (a negation is a sign-bit flip)
@@ -232,14 +308,14 @@ HPCDL_HD inline hp_i32 hp_sz_code(typename D::T x, const HpSzParams& p) {
         level = (hp_i32)bits_level;
     } else {
         // 1 + ceil(scaled) lies in 1..MAX_Q exactly when |x| > 0 and scaled <= MAX_Q - 1 (false for NaN, Inf)
-        T above = magnitude - (T)p.eb;
-        T scaled = (above > (T)0 ? above : (T)0) * (T)p.inv;
-        usable = -(hp_i32)((magnitude > (T)0) & (scaled <= (T)(HPCDL_MAX_Q - 1)));
+        T above = hp_sub(magnitude, hp_narrow<T>(p.eb));
+        T scaled = hp_mul(hp_lt((T)0, above) ? above : (T)0, hp_narrow<T>(p.inv));
+        usable = -(hp_i32)(hp_lt((T)0, magnitude) & hp_le(scaled, (T)(HPCDL_MAX_Q - 1)));
         T in_range = usable ? scaled : (T)0;
-        hp_i32 truncated = (hp_i32)in_range;
-        level = 1 + truncated + ((T)truncated < in_range ? 1 : 0);
+        hp_i32 truncated = hp_trunc(in_range);
+        level = 1 + truncated + (hp_lt((T)truncated, in_range) ? 1 : 0);
     }
-    hp_i32 negative = x < (T)0 ? -1 : 0;
+    hp_i32 negative = hp_lt(x, (T)0) ? -1 : 0;
     return ((level ^ negative) - negative) & usable;
 }
 
@@ -255,8 +331,9 @@ HPCDL_HD_INLINE void hp_sz_stat_lanes(const typename D::S* xb, int count, const 
     const HpSzParams local = p;
     const int drop = local.shift > HPCDL_STAT_BITS ? local.shift - HPCDL_STAT_BITS : 0;
     const UT low_mask = ((UT)1 << local.shift) - 1;
-    const T scale = (T)((double)(1 << HPCDL_STAT_BITS) / local.eb), step = (T)local.step;
-    const T centre_2 = (T)(local.eb + 0.5 * local.step), limit = (T)(2 << HPCDL_STAT_BITS);
+    const T scale = hp_narrow<T>((double)(1 << HPCDL_STAT_BITS) / local.eb), step = hp_narrow<T>(local.step);
+    const T centre_2 = hp_narrow<T>(local.eb + 0.5 * local.step), limit = (T)(2 << HPCDL_STAT_BITS);
+    const T low_limit = (T)(-(2 << HPCDL_STAT_BITS));
     hp_i32 n1p = 0, s1p = 0, n1n = 0, s1n = 0, n2p = 0, s2p = 0, n2n = 0, s2n = 0;
     for (int i = 0; i < count; ++i) {
         T x = D::load(xb[i]);
@@ -266,11 +343,11 @@ HPCDL_HD_INLINE void hp_sz_stat_lanes(const typename D::S* xb, int count, const 
         if (MODE == HPCDL_MODE_PW_REL) {
             units = (hp_i32)((D::bits(hp_abs(x)) & low_mask) >> drop);
         } else {
-            T centre = (T)(hp_i32)(magnitude - 2u) * step + centre_2;
-            T offset = (magnitude == 1u ? hp_abs(x) : hp_abs(x) - centre) * scale;
-            offset = offset < limit ? offset : limit;  // never reached by a coded element; keeps the cast defined
-            offset = offset > -limit ? offset : -limit;
-            units = (hp_i32)offset;
+            T centre = hp_add(hp_mul((T)(hp_i32)(magnitude - 2u), step), centre_2);
+            T offset = hp_mul(magnitude == 1u ? hp_abs(x) : hp_sub(hp_abs(x), centre), scale);
+            offset = hp_lt(offset, limit) ? offset : limit;  // never reached by a coded element; keeps the cast defined
+            offset = hp_lt(low_limit, offset) ? offset : low_limit;
+            units = hp_trunc(offset);
         }
         hp_i32 level1 = MODE == HPCDL_MODE_PW_REL ? 0 : magnitude == 1u, binned = level1 ? 0 : magnitude != 0u;
         hp_i32 positive = code > 0, below = code < 0;
@@ -770,7 +847,7 @@ HPCDL_HD_INLINE hp_u32 hp_sz_quantize_lanes(const typename D::S* xb, int count, 
         ys[i] = D::load(D::store(hp_sz_value<D, MODE>(codes[i], local)));
     }
     for (int i = 0; i < count; ++i)
-        hp_sz_check<MODE>((double)xs[i], (double)ys[i], codes[i], plus_zero[i] != 0, local, &q[i], &outlier[i]);
+        hp_sz_check<MODE>(hp_widen(xs[i]), hp_widen(ys[i]), codes[i], plus_zero[i] != 0, local, &q[i], &outlier[i]);
     hp_u32 mask = 0;
     for (int i = 0; i < count; ++i) mask |= outlier[i] ? lane_bit[i] : 0u;
     for (int i = count; i < HPCDL_BLOCK; ++i) q[i] = 0;

@@ -111,7 +111,7 @@ __device__ inline void hp_sz_quantize_element(typename D::S s, const HpSzParams&
     typename D::T x = D::load(s);
     hp_i32 code = hp_sz_code<D, MODE>(x, p);
     typename D::T y = D::load(D::store(hp_sz_value<D, MODE>(code, p)));
-    hp_sz_check<MODE>((double)x, (double)y, code, D::bits(x) == 0, p, q, outlier);
+    hp_sz_check<MODE>(hp_widen(x), hp_widen(y), code, D::bits(x) == 0, p, q, outlier);
 }
 
 // Header byte of the block whose lane `lane` holds code q (lanes >= count hold 0; count 0: no block, header 0).
@@ -470,7 +470,7 @@ __device__ void hp_sz_prepass(const typename D::S* x, hp_i64 n, HpSzRequest r, H
         hp_u64 high = 0, low = 0;
         hp_i64 end = (unit + 1) * HPCDL_PREPASS_UNIT < n ? (unit + 1) * HPCDL_PREPASS_UNIT : n;
         for (hp_i64 i = unit * HPCDL_PREPASS_UNIT + threadIdx.x; i < end; i += blockDim.x) {
-            double v = (double)D::load(x[i]);
+            double v = hp_widen(D::load(x[i]));
             if ((hp_d2u(v) & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) continue;  // NaN, +-Inf
             hp_u64 key = hp_order_key(v);
             high = key > high ? key : high;
