@@ -433,12 +433,32 @@ struct HpPrepassUnits {
     hp_i64 range, sample, full;
 };
 
-// Adds a thread's 8 sums over the warp to slots[8] (atomics; integers, so the order does not matter).
-__device__ inline void hp_add_sums(const hp_i64* sums, hp_u64* slots) {
-    for (int k = 0; k < 8; ++k) {
-        hp_u64 total = hp_warp_sum64((hp_u64)sums[k]);
-        if ((threadIdx.x & 31) == 0 && total) atomicAdd((unsigned long long*)&slots[k], (unsigned long long)total);
+// Adds each thread's values[k], k < COUNT, over the CTA and has one thread per slot add the total to slots[k]:
+// one atomic per CTA and slot, not one per warp (atomics on one address serialize in L2, and every CTA adds to
+// the same few slots). Every thread of the CTA (HPCDL_CTA_THREADS) calls it; the sums are integers, so the order
+// of the additions does not change them.
+template <int COUNT>
+__device__ inline void hp_cta_add(const hp_u64 (&values)[COUNT], hp_u64* slots) {
+    HPCDL_SHARED(hp_u64, partial, COUNT * HPCDL_CTA_WARPS);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int k = 0; k < COUNT; ++k) {
+        hp_u64 total = hp_warp_sum64(values[k]);
+        if (lane == 0) partial[k * HPCDL_CTA_WARPS + warp] = total;
     }
+    __syncthreads();
+    if (threadIdx.x < COUNT) {
+        hp_u64 total = 0;
+        for (int w = 0; w < HPCDL_CTA_WARPS; ++w) total += partial[threadIdx.x * HPCDL_CTA_WARPS + w];
+        if (total) atomicAdd((unsigned long long*)&slots[threadIdx.x], (unsigned long long)total);
+    }
+    __syncthreads();  // `partial` may be written again by the next call
+}
+
+// Adds the CTA's 8 sz_stats sums to slots[8].
+__device__ inline void hp_add_sums(const hp_i64* sums, hp_u64* slots) {
+    const hp_u64 values[8] = {(hp_u64)sums[0], (hp_u64)sums[1], (hp_u64)sums[2], (hp_u64)sums[3],
+                              (hp_u64)sums[4], (hp_u64)sums[5], (hp_u64)sums[6], (hp_u64)sums[7]};
+    hp_cta_add<8>(values, slots);
 }
 
 // Thread 0 waits until the counter reaches `count`; then the CTA goes on.
@@ -503,7 +523,10 @@ __device__ void hp_sz_prepass(const typename D::S* x, hp_i64 n, HpSzRequest r, H
     }
     hp_wait_count(&summary[HPCDL_SUM_SAMPLE_DONE], units.sample);
     unit -= units.sample;
-    HpSzParams trial = hp_sz_trial(summary, r);
+    HPCDL_SHARED(HpSzParams, trial_slot, 1);  // resolved by one thread: every thread reading the summary costs more
+    if (threadIdx.x == 0) trial_slot[0] = hp_sz_trial(summary, r);
+    __syncthreads();
+    const HpSzParams trial = trial_slot[0];
     if (MODE != HPCDL_MODE_PW_REL && !(trial.eb > 0.0)) return;  // no reconstruction to measure
     hp_i64 sums[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     hp_i64 end = (unit + 1) * HPCDL_PREPASS_UNIT < n ? (unit + 1) * HPCDL_PREPASS_UNIT : n;
@@ -555,11 +578,15 @@ __device__ void hp_sz_encode_tile(const typename D::S* x, hp_i64 n, HpSzRequest 
     HPCDL_SHARED(HpScanState, before_slot, 2);  // the tiles before this one, and with it
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int index_bits = out.index64 ? 64 : 32, value_bits = 8 * (int)sizeof(S);
-    if (threadIdx.x == 0) tile_slot[0] = (hp_i64)atomicAdd((unsigned long long*)&summary[HPCDL_SUM_TICKET], 1ull);
+    HPCDL_SHARED(HpSzParams, params_slot, 1);
+    if (threadIdx.x == 0) {  // one thread resolves the parameters: every thread reading the summary costs more
+        tile_slot[0] = (hp_i64)atomicAdd((unsigned long long*)&summary[HPCDL_SUM_TICKET], 1ull);
+        params_slot[0] = hp_sz_resolve(summary, request);
+    }
     __syncthreads();
     const hp_i64 tile = tile_slot[0], n_blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK;
     const hp_i64 n_tiles = (n_blocks + HPCDL_TILE_BLOCKS - 1) / HPCDL_TILE_BLOCKS;
-    const HpSzParams params = hp_sz_resolve(summary, request);
+    const HpSzParams params = params_slot[0];
 
     hp_u32 block_words[HPCDL_WARP_BLOCKS], outlier_masks[HPCDL_WARP_BLOCKS];
     S kept[HPCDL_WARP_BLOCKS];
@@ -676,17 +703,10 @@ __device__ void hp_sz_encode_tile(const typename D::S* x, hp_i64 n, HpSzRequest 
             value_terms += hp_checksum_term((hp_u64)(last.outliers / value_per), word), value_mixes += hp_checksum_term(0, word);
         }
     }
-    absolute = hp_warp_sum64(absolute), index_terms = hp_warp_sum64(index_terms);
-    index_mixes = hp_warp_sum64(index_mixes), value_terms = hp_warp_sum64(value_terms);
-    value_mixes = hp_warp_sum64(value_mixes);
-    if (lane == 0) {
-        unsigned long long* sums = (unsigned long long*)summary;
-        if (absolute) atomicAdd(&sums[HPCDL_SUM_CHECKSUM], (unsigned long long)absolute);
-        if (index_terms) atomicAdd(&sums[HPCDL_SUM_INDEX_TERMS], (unsigned long long)index_terms);
-        if (index_mixes) atomicAdd(&sums[HPCDL_SUM_INDEX_MIXES], (unsigned long long)index_mixes);
-        if (value_terms) atomicAdd(&sums[HPCDL_SUM_VALUE_TERMS], (unsigned long long)value_terms);
-        if (value_mixes) atomicAdd(&sums[HPCDL_SUM_VALUE_MIXES], (unsigned long long)value_mixes);
-    }
+    static_assert(HPCDL_SUM_INDEX_TERMS == HPCDL_SUM_CHECKSUM + 1 && HPCDL_SUM_VALUE_MIXES == HPCDL_SUM_CHECKSUM + 4,
+                  "the checksum slots are consecutive");
+    const hp_u64 terms[5] = {absolute, index_terms, index_mixes, value_terms, value_mixes};
+    hp_cta_add<5>(terms, summary + HPCDL_SUM_CHECKSUM);
 }
 
 // Copies the encoder's scratch into the exact-size payload: headers and words, zero padding, outlier indices and
@@ -795,14 +815,11 @@ __device__ void hp_sz_decode_tile(HpDecodeSource in, hp_i64 n, HpSzParams params
         hp_i64 previous = r == 0 ? -1 : (in.index64 ? i64[r - 1] : (hp_i64)i32[r - 1]);
         if (index < 0 || index >= n || index <= previous) bad |= HPCDL_BAD_INDICES;
     }
-    hp_u64 sum = 0;
-    for (hp_i64 i = me; i < in.total / 8; i += threads) sum += hp_checksum_term((hp_u64)i, ((const hp_u64*)in.payload)[i]);
-    sum = hp_warp_sum64(sum);
+    hp_u64 sum[1] = {0};
+    for (hp_i64 i = me; i < in.total / 8; i += threads) sum[0] += hp_checksum_term((hp_u64)i, ((const hp_u64*)in.payload)[i]);
+    hp_cta_add<1>(sum, summary + HPCDL_SUM_CHECKSUM);
     bad = hp_warp_or(bad);
-    if (lane == 0) {
-        if (sum) atomicAdd((unsigned long long*)&summary[HPCDL_SUM_CHECKSUM], (unsigned long long)sum);
-        if (bad) atomicOr((unsigned long long*)&summary[HPCDL_SUM_STATUS], (unsigned long long)bad);
-    }
+    if (lane == 0 && bad) atomicOr((unsigned long long*)&summary[HPCDL_SUM_STATUS], (unsigned long long)bad);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {  // the last CTA to finish compares the checksum
