@@ -142,6 +142,22 @@ def test_bytes_do_not_depend_on_the_cta_order(standin):
         assert packed.header == reference.header and torch.equal(packed.data, reference.data)
 
 
+def test_many_tiles_in_flight_give_the_host_bytes(tmp_path_factory, monkeypatch):
+    """40 CTAs in flight, so that a tile's look-back window meets many predecessors that have published only
+    their aggregate (3 in flight rarely does): encode and decode as the host, several CTA orders."""
+    many = emulation.CupyStandIn(emulation.build(tmp_path_factory.mktemp("many"), resident_ctas=40), seed=1)
+    monkeypatch.setitem(sys.modules, "cupy", many)
+    cuda._module.cache_clear()
+    original = block_codec.backend_module
+    monkeypatch.setattr(block_codec, "backend_module", lambda name, device: cuda if name == "cuda" else original(name, device))
+    try:
+        for seed, (mode, bound) in zip((0, 7, 99), (("rel", 1e-2), ("abs", 1e-3), ("pw_rel", 1e-2))):
+            many.seed = seed
+            assert_like_host(sample(200 * 1024 + 77, torch.float32, seed=seed), mode, bound)
+    finally:
+        cuda._module.cache_clear()
+
+
 def activations(n: int, seed: int) -> dict[str, torch.Tensor]:
     """The kinds of tensors the unbiased format was measured on (docs/format.md, section 5)."""
     g = torch.Generator().manual_seed(seed)

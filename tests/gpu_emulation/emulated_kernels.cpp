@@ -13,7 +13,10 @@ namespace {
 
 const size_t STACK_BYTES = 256 * 1024;
 const size_t SHARED_BYTES = 64 * 1024;
-const int RESIDENT_CTAS = 3;
+#ifndef HPCDL_EMU_RESIDENT_CTAS
+#define HPCDL_EMU_RESIDENT_CTAS 3  // CTAs in flight at once (a build for the look-back's windows takes 40)
+#endif
+const int RESIDENT_CTAS = HPCDL_EMU_RESIDENT_CTAS;
 
 #if !defined(HPCDL_EMU_UCONTEXT)
 void* scheduler_stack_pointer = nullptr;

@@ -28,9 +28,10 @@ SANITIZE = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefine
             "-DHPCDL_EMU_UCONTEXT"]
 
 
-def build(directory: Path, sanitize: bool = False) -> Path:
-    """The emulated kernel library in ``directory`` (rebuilt when a source changed)."""
-    flags = FLAGS + (SANITIZE if sanitize else ["-O2"])
+def build(directory: Path, sanitize: bool = False, resident_ctas: int = 3) -> Path:
+    """The emulated kernel library in ``directory`` (rebuilt when a source changed), running ``resident_ctas``
+    CTAs at a time."""
+    flags = FLAGS + (SANITIZE if sanitize else ["-O2"]) + [f"-DHPCDL_EMU_RESIDENT_CTAS={resident_ctas}"]
     digest = hashlib.sha256(" ".join(flags).encode())
     for source in SOURCES:
         digest.update(source.read_bytes())
