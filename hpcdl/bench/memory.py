@@ -216,7 +216,7 @@ def run_memory_benchmark(
         if method.needs_gpu and target.type != "cuda":
             raise MemoryBenchError(f"method {method.spec!r} offloads to host memory and needs --device cuda")
     workload = memory.Workload.of(model, scale=scale, options=dict(options or {}), input_shape=input_shape)
-    workload.build(1, 0)  # an unknown model, scale, option or input shape fails here, before any probe
+    _check_forward(workload)  # an unknown model, scale, option or input shape fails here, before any probe
     process = memory.FreshProcesses(threads) if target.type == "cpu" else None
     started = time.perf_counter()
     count = 0
@@ -277,6 +277,22 @@ def run_memory_benchmark(
             "allocator's slack, cuDNN workspaces and mixed precision."),
         mlperf_deepcam=MLPERF_DEEPCAM, warmup_steps=warmup_steps,
     )
+
+
+def _check_forward(workload) -> None:
+    """Runs the model's forward on one sample of its batch, without gradients, so that a model that cannot take
+    the input (a fixed-size head given another ``--input-shape``) fails here with what it said, not as a
+    traceback from the first measuring process."""
+    import torch
+
+    model, x, _, _ = workload.build(1, 0)
+    try:
+        with torch.no_grad():
+            model.eval()(x[:1])
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        raise MemoryBenchError(f"{workload.describe()} cannot run on its batch of shape {tuple(x.shape)}: "
+                               f"{type(err).__name__}: {err}; give an --input-shape the model takes (or none: "
+                               f"the scale's own)") from err
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
