@@ -802,7 +802,7 @@ __device__ inline hp_i64 hp_warp_search(const HpDecodeSource& in, hp_i64 first) 
 }
 
 // One tile of the sz decoder: block word offsets by look-back, the blocks by warps, the tile's outliers (found by
-// binary search in the sorted indices), and a share of the checks: block headers, index order, checksum. Every
+// a warp's 32-way search in the sorted indices), and a share of the checks: block headers, index order, checksum. Every
 // read stays inside the payload whatever it holds; summary[HPCDL_SUM_STATUS] collects HPCDL_BAD_* bits.
 template <class D, int MODE>
 __device__ void hp_sz_decode_tile(HpDecodeSource in, hp_i64 n, HpSzParams params, typename D::S* out,
