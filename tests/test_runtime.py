@@ -362,6 +362,26 @@ def test_500_steps_hold_nothing_between_steps_and_do_not_grow():
     assert rss[1] - rss[0] < 16 * 2**20
 
 
+
+@pytest.mark.parametrize("policy,threshold", [(None, 0), ("sz:rel=1e-2", 1 << 30), ("sz:rel=1e-2", 0)],
+                         ids=["no-policy", "all-small-kept", "compressed"])
+@pytest.mark.parametrize("ending", ["no-backward", "retain-graph"])
+def test_a_graph_dropped_without_a_freeing_backward_frees_its_saved_tensors(policy, threshold, ending):
+    """A ReLU or sigmoid saves its own output; an entry that kept that very tensor would close a cycle through
+    autograd's graph (output -> its op -> the saved entry -> the output) that Python's collector cannot see: a
+    graph dropped without a backward (an evaluation forward, an exception, a probe's kept replay) leaked."""
+    model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.Sigmoid(), nn.Softmax(-1))
+    x = torch.randn(64, 32)
+    with compressed(model, policy, threshold=threshold, arena_bytes=0):
+        output = model(x)
+    if ending == "retain-graph":
+        output.sum().backward(retain_graph=True)
+    alive = weakref.ref(output)
+    del output
+    gc.collect()
+    assert alive() is None
+
+
 class Checkpointed(nn.Module):
     def __init__(self):
         super().__init__()

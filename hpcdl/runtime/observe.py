@@ -91,7 +91,7 @@ def observe_saved(model: torch.nn.Module, on_saved: Callable[[torch.Tensor, str]
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             if not owned.owns(tensor):
                 on_saved(tensor, modules.current)
-            return tensor
+            return tensor.detach()  # not the tensor itself: an op's saved output would hold the op (a leak)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             yield

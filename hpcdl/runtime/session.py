@@ -461,8 +461,13 @@ class Session:
 
     def pack(self, tensor: torch.Tensor):
         """The session's pack hook: what autograd holds for ``tensor`` (see the module docstring)."""
-        if not is_plain_strided(tensor):
+        if not is_plain_strided(tensor):  # a parameter (a leaf: holding it closes no cycle) or another subclass
             return tensor
+        # Not ``tensor`` itself: an op that saves its own output (ReLU, sigmoid, softmax) would then hold that output,
+        # which holds the op, a cycle through autograd's C++ graph that Python's collector cannot see, and a graph
+        # dropped without a backward (or kept with retain_graph) would never be freed. A detached alias shares the
+        # storage and the version counter.
+        tensor = tensor.detach()
         kind = kind_of(tensor)
         if kind is None:
             return tensor
