@@ -153,6 +153,41 @@ def test_replay_rows_keep_the_uncompressed_replay_within_the_packed_bytes_above_
     capture.output_grads = {0: torch.zeros(3, 2)}  # no shared batch dimension: the whole call is replayed
     assert capture.replay_rows(16, 1.0) is None
 
+    capture.original_bytes = 64 * probe.REPLAY_BYTES_FLOOR  # a call that cannot be cut holds the whole step
+    capture.packed_bytes = capture.original_bytes // 8
+    assert capture.replay_fits(None, 8.0) and not capture.replay_fits(None, 4.0)
+
+
+def test_replay_fits_says_whether_the_replays_stay_within_the_allowance():
+    capture = probe.Capture(nn.Linear(2, 2), threshold=0)
+    capture.args, capture.output_grads = (torch.zeros(32, 2),), {0: torch.zeros(32, 2)}
+    capture.original_bytes, capture.packed_bytes = 64 * probe.REPLAY_BYTES_FLOOR, 8 * probe.REPLAY_BYTES_FLOOR
+    assert capture.replay_fits(4, 1.0) and not capture.replay_fits(5, 1.0)  # 5 of 32: above the packed bytes
+    assert capture.replay_fits(8, 2.0)
+    capture.packed_bytes = capture.original_bytes // 1000  # even the fewest rows outweigh the step's packed bytes
+    assert not capture.replay_fits(capture.replay_rows(16, 1.0), 1.0)
+    capture.original_bytes = probe.REPLAY_BYTES_FLOOR // 2  # the floor: small replays always fit
+    assert capture.replay_fits(32, 1.0)
+
+
+def test_a_probe_whose_replays_do_not_fit_runs_each_replay_whole_and_decides_the_same(monkeypatch):
+    """Where even the fewest rows outweigh the step's packed bytes, the exact replay's graph is not kept: every
+    replay runs its own forward and frees its saved tensors in backward (a probe step then needs no more than an
+    uncompressed step of those rows); the measurements are bit for bit those of replays through a kept graph."""
+    decided = {}
+    for fits in (True, False):
+        monkeypatch.setattr(probe.Capture, "replay_fits", lambda self, rows, memory, fits=fits: fits)
+        model, x, loss_fn = _cnn_case(8)
+        forwards: list[int] = []
+        model.register_forward_pre_hook(lambda module, args, forwards=forwards: forwards.append(1))
+        policy = Policy.adaptive()
+        _gradients(model, x, loss_fn, policy)
+        controller = policy.controller
+        decided[fits] = {key: (slot.bound, slot.sensitivity, slot.codec) for key, slot in controller.slots.items()}
+        assert len(forwards) == (2 if fits else 1 + controller.replays)  # the training forward, then the replays'
+        assert controller.replays > 2
+    assert decided[True] == decided[False]
+
 
 def _first_probe(model, x, loss_fn):
     policy = Policy.adaptive()

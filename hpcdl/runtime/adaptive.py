@@ -333,7 +333,8 @@ class AdaptiveController(Controller):
     # -- probing and deciding -----------------------------------------------------------------------------
     def probe(self, capture: Capture, grad_stats: Mapping[str, GradStat]) -> None:
         """Measure the slots of the captured step (exact replay, closed forms, perturbed replays), then decide."""
-        replayer = Replayer(capture, rows=capture.replay_rows(self.options.probe_rows, self.options.probe_memory))
+        rows = capture.replay_rows(self.options.probe_rows, self.options.probe_memory)
+        replayer = Replayer(capture, rows=rows)
         owners = _owners(capture.model, replayer.params)
         modules = sorted(set(owners))  # the same list on every rank: the axis of the reductions over ranks
         # slots negligible at the last probe are recorded without trial encodes: they stay as they are
@@ -347,7 +348,7 @@ class AdaptiveController(Controller):
                                                  sign_rule=self.sign_rule, bare=bare,
                                                  bound_limits=self.bound_limits(), growth=GROWTH,
                                                  keep_samples=self._measures_sz_at_decision()),
-                                 layer_calls=True, keep=True)
+                                 layer_calls=True, keep=capture.replay_fits(rows, self.options.probe_memory))
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
             for key, record in exact.slots.items():

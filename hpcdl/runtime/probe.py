@@ -175,9 +175,24 @@ class Capture:
         batch = self.batch_rows()
         if batch is None:
             return None
-        allowed = max(memory * self.packed_bytes, REPLAY_BYTES_FLOOR)
-        fitting = math.floor(batch * allowed / self.original_bytes) if self.original_bytes else batch
+        fitting = math.floor(batch * self._allowed(memory) / self.original_bytes) if self.original_bytes else batch
         return min(batch, max(MIN_REPLAY_ROWS, min(most, fitting)))
+
+    def replay_fits(self, rows: int | None, memory: float) -> bool:
+        """Whether replays of ``rows`` samples (None: the whole call) keep their uncompressed saved tensors within
+        the allowance of :meth:`replay_rows`. Where they do not (even :data:`MIN_REPLAY_ROWS` samples outweigh
+        the step's packed bytes, or the call cannot be cut), the probe does not keep the exact replay's graph for
+        the replays after it (:class:`Replayer`): each replay then frees its saved tensors as its backward goes,
+        as a training step does, at the price of its own forward, and a probe step needs no more memory than an
+        uncompressed step of ``rows`` samples."""
+        batch = self.batch_rows()
+        share = min(rows, batch) / batch if rows and batch else 1.0
+        return self.original_bytes * share <= self._allowed(memory)
+
+    def _allowed(self, memory: float) -> float:
+        """The uncompressed bytes a probe's replays may hold: ``memory`` times the step's packed bytes, at least
+        :data:`REPLAY_BYTES_FLOOR`."""
+        return max(memory * self.packed_bytes, REPLAY_BYTES_FLOOR)
 
     @property
     def complete(self) -> bool:
@@ -428,8 +443,9 @@ class Replayer:
     saved tensor changes nothing in the forward (the same inputs, RNG state and so dropout masks: the same
     values). That skips the forward of every replay after the first. The graph holds the exact forward's saved
     tensors until the probe ends (:meth:`restored`), also through its backward passes, which otherwise free
-    them as they go. A forward with blocks recomputed in backward (:meth:`Session.recompute`: they run once)
-    is not kept: each replay then runs whole.
+    them as they go; the adaptive controller asks to keep it only where that fits its memory allowance
+    (:meth:`Capture.replay_fits`). A forward with blocks recomputed in backward (:meth:`Session.recompute`: they
+    run once) is not kept: each replay then runs whole.
     """
 
     def __init__(self, capture: Capture, rows: int | None = None):
