@@ -375,6 +375,23 @@ long long codes_encode(const hp_u8* headers, const hp_i64* offsets, const hp_u32
     }
 }
 
+// codes_escapes: how many of the n codes of a stream's blocks (headers, their word offsets, its words) codes_encode
+// would write as escapes at 2, 4 and 8 bits (zigzag values of 3, 15, 255 or more), into counts[0..2]: the width
+// choice of hpcdl/compress/codes.py in one pass of the calling thread, without materialising the codes.
+void codes_escapes(const hp_u8* headers, const hp_i64* offsets, const hp_u32* words, hp_i64 n, hp_i64* counts) {
+    hp_i64 blocks = (n + HPCDL_BLOCK - 1) / HPCDL_BLOCK, over2 = 0, over4 = 0, over8 = 0;
+    for (hp_i64 b = 0; b < blocks; ++b) {
+        hp_i32 q[HPCDL_BLOCK];
+        hp_block_unpack(headers[b], words + offsets[b], q);
+        int count = hp_block_count(n, b);
+        for (int i = 0; i < count; ++i) {
+            hp_u32 u = hp_zigzag(q[i]);
+            over2 += u >= 3u, over4 += u >= 15u, over8 += u >= 255u;
+        }
+    }
+    counts[0] = over2, counts[1] = over4, counts[2] = over8;
+}
+
 // codes_decode: the inverse, from untrusted bytes: rebuilds the block headers (one per 32 codes) and the words of
 // n codes from `in` (ceil(n / (8/bits)) bytes) and n_escapes escapes, each escape in [0, max_zigzag - 2^bits + 1].
 // Returns 0; -1 if an escape is missing, out of range or left over; -2 if a bit past the last code is set; -3 if
@@ -430,5 +447,5 @@ int codes_decode(const hp_u8* in, hp_i64 n, int bits, const hp_i32* escapes, hp_
 
 extern "C" const HpHostKernels HPCDL_TABLE(HPCDL_HOST_ISA) = {
     sz_decode_dtype, sz_stats_dtype, sz_encode_dtype, sz_assemble, block_headers, pack, unpack, checksum,
-    codes_encode, codes_decode,
+    codes_encode, codes_escapes, codes_decode,
 };

@@ -16,7 +16,7 @@
 // Raise it whenever an exported function, its arguments or the meaning of a result changes (with ABI_VERSION in
 // hpcdl/compress/blocks/host.py). Overridable (-DHPCDL_HOST_ABI_VERSION=...) only to test the refusal.
 #ifndef HPCDL_HOST_ABI_VERSION
-#define HPCDL_HOST_ABI_VERSION 3
+#define HPCDL_HOST_ABI_VERSION 4
 #endif
 
 // Blocks per part of the fused encoder and of the parallel decoder (kernels/host.cpp): the caller sizes its
@@ -49,6 +49,8 @@ struct HpHostKernels {
     unsigned long long (*checksum)(const unsigned long long* words, long long n);
     long long (*codes_encode)(const unsigned char* headers, const long long* offsets, const unsigned int* words,
                               long long n, int bits, unsigned char* out, int* escapes);
+    void (*codes_escapes)(const unsigned char* headers, const long long* offsets, const unsigned int* words,
+                          long long n, long long* counts);
     int (*codes_decode)(const unsigned char* in, long long n, int bits, const int* escapes, long long n_escapes,
                         int max_zigzag, unsigned char* headers, unsigned int* words, long long n_words);
 };
@@ -93,6 +95,8 @@ void hpcdl_unpack(const unsigned char* headers, const long long* offsets, const 
 unsigned long long hpcdl_checksum(const unsigned long long* words, long long n);
 long long hpcdl_codes_encode(const unsigned char* headers, const long long* offsets, const unsigned int* words,
                              long long n, int bits, unsigned char* out, int* escapes);
+void hpcdl_codes_escapes(const unsigned char* headers, const long long* offsets, const unsigned int* words,
+                         long long n, long long* counts);
 int hpcdl_codes_decode(const unsigned char* in, long long n, int bits, const int* escapes, long long n_escapes,
                        int max_zigzag, unsigned char* headers, unsigned int* words, long long n_words);
 

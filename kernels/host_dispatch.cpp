@@ -143,6 +143,11 @@ long long hpcdl_codes_encode(const unsigned char* headers, const long long* offs
     return active->kernels->codes_encode(headers, offsets, words, n, bits, out, escapes);
 }
 
+void hpcdl_codes_escapes(const unsigned char* headers, const long long* offsets, const unsigned int* words,
+                         long long n, long long* counts) {
+    active->kernels->codes_escapes(headers, offsets, words, n, counts);
+}
+
 int hpcdl_codes_decode(const unsigned char* in, long long n, int bits, const int* escapes, long long n_escapes,
                        int max_zigzag, unsigned char* headers, unsigned int* words, long long n_words) {
     return active->kernels->codes_decode(in, n, bits, escapes, n_escapes, max_zigzag, headers, words, n_words);

@@ -121,7 +121,7 @@ def prototype_mismatches(declared: dict, bound: dict) -> list[str]:
 
 def test_the_ctypes_prototypes_match_the_header():
     declared = header_prototypes((KERNELS / "host_api.h").read_text())
-    assert "hpcdl_host_abi_version" in declared and len(declared) == 16
+    assert "hpcdl_host_abi_version" in declared and len(declared) == 17
     assert not prototype_mismatches(declared, host.PROTOTYPES)
 
 
@@ -170,7 +170,7 @@ def _import_sz_with(library: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("define,refusal", [
-    ("HPCDL_HOST_ABI_VERSION=999", "has ABI version 999, this hpcdl needs 3"),
+    ("HPCDL_HOST_ABI_VERSION=999", "has ABI version 999, this hpcdl needs 4"),
     ("HPCDL_PART_BLOCKS=4096", "cuts streams into parts of 4096 blocks, this hpcdl expects 8192"),
 ])
 def test_a_library_built_from_other_sources_is_refused(kernel_objects, tmp_path, define, refusal):

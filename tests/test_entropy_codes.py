@@ -103,6 +103,9 @@ def test_host_and_reference_write_the_same_bytes_and_rebuild_the_same_blocks(bit
     packed, escapes = host.codes_encode(headers, offsets, words, numel, bits)
     expected_packed, expected_escapes = reference.codes_encode(headers, offsets, words, numel, bits)
     assert torch.equal(packed, expected_packed) and torch.equal(escapes, expected_escapes)
+    counts = host.codes_escapes(headers, offsets, words, numel)  # the width choice's count, without encoding
+    assert torch.equal(counts, reference.codes_escapes(headers, offsets, words, numel))
+    assert int(counts[CODE_BITS.index(bits)]) == escapes.numel()
     for backend in (host, reference):
         rebuilt_headers = torch.zeros_like(headers)
         rebuilt_words = torch.zeros_like(words)

@@ -57,11 +57,11 @@ _DECODE_ERRORS = {
 class CodesKernels(Protocol):
     """The functions of a CPU block backend (hpcdl/compress/blocks/host.py, reference.py) this layout uses."""
 
-    def unpack(self, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor,
-               numel: int) -> torch.Tensor: ...
-
     def codes_encode(self, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, numel: int,
                      bits: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def codes_escapes(self, headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor,
+                      numel: int) -> torch.Tensor: ...
 
     def codes_decode(self, packed: torch.Tensor, numel: int, bits: int, escapes: torch.Tensor, max_zigzag: int,
                      headers: torch.Tensor, words: torch.Tensor) -> int: ...
@@ -83,14 +83,15 @@ def code_bits(data: torch.Tensor, layout: Layout) -> int | None:
     offsets, _ = word_offsets(headers)
     kernels = codes_kernels()
     if layout.n_blocks <= SAMPLE_RUNS * SAMPLE_BLOCKS:
-        sample = kernels.unpack(headers, offsets, words, layout.numel)
+        sampled, escapes = layout.numel, kernels.codes_escapes(headers, offsets, words, layout.numel)
     else:
         starts = torch.linspace(0, layout.n_blocks - SAMPLE_BLOCKS, SAMPLE_RUNS).round().long().tolist()
-        sample = torch.cat([kernels.unpack(headers[start:start + SAMPLE_BLOCKS], offsets[start:start + SAMPLE_BLOCKS],
-                                           words, SAMPLE_BLOCKS * BLOCK) for start in starts])
-    values = (sample << 1) ^ (sample >> 31)  # zigzag
-    for bits in CODE_BITS:
-        if int(torch.count_nonzero(values >= (1 << bits) - 1)) <= ESCAPE_SHARE * values.numel():
+        sampled = SAMPLE_RUNS * SAMPLE_BLOCKS * BLOCK
+        escapes = torch.stack([kernels.codes_escapes(headers[start:start + SAMPLE_BLOCKS],
+                                                     offsets[start:start + SAMPLE_BLOCKS], words, SAMPLE_BLOCKS * BLOCK)
+                               for start in starts]).sum(dim=0)
+    for bits, count in zip(CODE_BITS, escapes.tolist(), strict=True):  # codes_escapes counts at 2, 4 and 8 bits
+        if count <= ESCAPE_SHARE * sampled:
             return bits
     return None
 

@@ -33,7 +33,7 @@ from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count, index_dtype
 from hpcdl.compress.errors import CodecError
 from hpcdl.compress.header import DTYPE_CODES
 
-ABI_VERSION = 3  # HPCDL_HOST_ABI_VERSION of kernels/host_api.h: raise both together
+ABI_VERSION = 4  # HPCDL_HOST_ABI_VERSION of kernels/host_api.h: raise both together
 PART_BLOCKS = 8192  # blocks per part of the fused encoder and the decoder: HPCDL_PART_BLOCKS of kernels/host_api.h
 ISA_VARIABLE = "HPCDL_HOST_ISA"
 LIBRARY_VARIABLE = "HPCDL_HOST_LIBRARY"
@@ -61,6 +61,7 @@ PROTOTYPES: dict[str, tuple[type | None, list[type]]] = {
     "hpcdl_unpack": (None, [c_void_p, c_void_p, c_void_p, c_longlong, c_void_p]),
     "hpcdl_checksum": (c_ulonglong, [c_void_p, c_longlong]),
     "hpcdl_codes_encode": (c_longlong, [c_void_p, c_void_p, c_void_p, c_longlong, c_int, c_void_p, c_void_p]),
+    "hpcdl_codes_escapes": (None, [c_void_p, c_void_p, c_void_p, c_longlong, c_void_p]),
     "hpcdl_codes_decode": (c_int, [c_void_p, c_longlong, c_int, c_void_p, c_longlong, c_int, c_void_p, c_void_p,
                                    c_longlong]),
 }
@@ -272,6 +273,13 @@ def codes_encode(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tens
     count = LIBRARY.hpcdl_codes_encode(_ptr(headers), _ptr(offsets), _ptr(words), numel, bits, _ptr(packed),
                                        _ptr(escapes))
     return packed, escapes[:count].clone()
+
+
+def codes_escapes(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, numel: int) -> torch.Tensor:
+    """reference.codes_escapes, in one pass of the calling thread."""
+    counts = torch.zeros(3, dtype=torch.int64)
+    LIBRARY.hpcdl_codes_escapes(_ptr(headers), _ptr(offsets), _ptr(words), numel, _ptr(counts))
+    return counts
 
 
 def codes_decode(packed: torch.Tensor, numel: int, bits: int, escapes: torch.Tensor, max_zigzag: int,

@@ -16,8 +16,8 @@ from hpcdl.compress.blocks.params import KERNEL_MODE_PW_REL, MAX_Q, STAT_BITS, S
 from hpcdl.compress.blocks.protocol import BlockPayload
 from hpcdl.compress.blocks.stream import BLOCK, Layout, block_count, word_offsets
 
-__all__ = ["RESOLVES_PARAMS", "block_headers", "checksum", "codes_decode", "codes_encode", "decode_blocks", "pack",
-           "sz_decode", "sz_encode", "sz_headers", "sz_pack", "sz_stats", "unpack"]
+__all__ = ["RESOLVES_PARAMS", "block_headers", "checksum", "codes_decode", "codes_encode", "codes_escapes",
+           "decode_blocks", "pack", "sz_decode", "sz_encode", "sz_headers", "sz_pack", "sz_stats", "unpack"]
 
 PRED_ZIGZAG, PRED_UNSIGNED, PRED_LORENZO, PRED_SPARSE = 0, 1, 2, 3
 _CHUNK_BLOCKS = 2048  # bounds the (blocks, 32, 32) bit tensors to 16 MiB
@@ -318,6 +318,14 @@ def codes_encode(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tens
     for lane in range(1, per_byte):
         packed |= small[:, lane] << (lane * bits)
     return packed, escapes
+
+
+def codes_escapes(headers: torch.Tensor, offsets: torch.Tensor, words: torch.Tensor, numel: int) -> torch.Tensor:
+    """How many of the ``numel`` codes of a stream's blocks (as codes_encode takes them) codes_encode would write
+    as escapes at 2, 4 and 8 bits: int64 counts of zigzag values of 3, 15 and 255 or more."""
+    q = unpack(headers, offsets, words, numel)
+    values = (q << 1) ^ (q >> 31)  # zigzag; |q| <= MAX_Q keeps it below 2^31
+    return torch.stack([torch.count_nonzero(values >= (1 << bits) - 1) for bits in (2, 4, 8)])
 
 
 def codes_decode(packed: torch.Tensor, numel: int, bits: int, escapes: torch.Tensor, max_zigzag: int,
