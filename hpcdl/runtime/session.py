@@ -10,6 +10,10 @@ Pack (during forward), for each saved tensor:
   tensors and dtypes no codec takes;
 * a storage span that is already packed at the same version (a ReLU output
   the next conv saves again, a transposed view) is shared, not packed again;
+* what an op whose backward compares its saved tensors for equality saves
+  (``amax``, a whole-tensor ``max``, an infinity norm:
+  :mod:`hpcdl.runtime.exact_saves`) is kept as it is, whatever its size, and
+  shares only entries kept as they are;
 * a small floating tensor saved inside the model's forward is copied into its
   module's arena (:mod:`hpcdl.runtime.arena`), which is encoded as a whole
   when the open arenas pass ``arena_bytes``, when the model's forward ends or
@@ -53,6 +57,7 @@ from hpcdl.runtime.arena import DEFAULT_ARENA_BYTES, Arenas, Slot, member_codec
 from hpcdl.runtime.chunked import DEFAULT_CHUNK_BYTES, chunked_layers
 from hpcdl.runtime.classify import Footprint, Layout, ModelStorages, is_plain_strided, kind_of, normalized_channels
 from hpcdl.runtime.concat import concat_gradients
+from hpcdl.runtime.exact_saves import ExactSaves, saving_for_equality
 from hpcdl.runtime.observe import OUTSIDE, Frame, ModuleTracker
 from hpcdl.runtime.policy import Policy, SavedTensorInfo, as_policy
 from hpcdl.runtime.recompute import RecomputedBlock
@@ -120,6 +125,11 @@ class _Entry:
             return False
         own = self.layout.footprint
         return footprint.within(own.lo, own.hi) if self.layout.span else footprint == own
+
+    @property
+    def uncompressed(self) -> bool:
+        """Whether the entry holds its view as it is (kept, or a copy), not encoded."""
+        return self.kept is not None or self.copy is not None
 
     @property
     def nbytes(self) -> int:
@@ -309,6 +319,7 @@ class Session:
         self._watch.__enter__()
         self._chunked.__enter__()
         self._concat.__enter__()
+        self._exact_saves = ExactSaves().__enter__()
         self._modules = ModuleTracker(self.model).__enter__()
         self._seal_hook = self.model.register_forward_hook(lambda *_: self._arenas.seal_all(), always_call=True)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
@@ -323,6 +334,7 @@ class Session:
         self._modules.__exit__(*exc)
         self._seal_hook.remove()
         self._arenas.seal_all()
+        self._exact_saves.__exit__(*exc)
         self._concat.__exit__(*exc)
         self._chunked.__exit__(*exc)
         self._watch.__exit__(*exc)
@@ -409,7 +421,8 @@ class Session:
         if self.policy is not None:
             self.policy.step = self._forward_step
         try:
-            with modules, chunked_layers(self.model, self._chunk_bytes, self._hooks_innermost, self._claim_decoded):
+            with modules, chunked_layers(self.model, self._chunk_bytes, self._hooks_innermost, self._claim_decoded), \
+                    ExactSaves():
                 yield
             self._arenas.seal_all()
         finally:
@@ -479,17 +492,20 @@ class Session:
         row = self._rows.row(module, kind)
         row.count += 1
         key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor._version)
-        shared = self._find_shared(key, tensor, footprint)
+        exact = saving_for_equality()  # a lossy copy would break its backward's comparisons
+        shared = self._find_shared(key, tensor, footprint, exact)
         if shared is not None:
             row.shared += 1
             return _ref(shared, footprint)
         layout = Layout.of(footprint)
         nbytes = layout.numel * tensor.element_size()
         small = self._counted_bytes(tensor, nbytes) < self.threshold
-        info = self._info(tensor, layout, module, kind, small)
-        if small:
+        info = None if exact else self._info(tensor, layout, module, kind, small)
+        if exact:
+            entry = self._kept_entry(tensor, layout, row)
+        elif small:
             entry = (self._arena_entry(tensor, layout, module, info, row) if info is not None else None) \
-                or self._small_kept_entry(tensor, layout, row)
+                or self._kept_entry(tensor, layout, row)
         else:
             entry = self._new_entry(tensor, layout, info, row)
         if info is not None:
@@ -505,9 +521,9 @@ class Session:
         them at the whole batch's size: :meth:`Policy.counted_bytes`)."""
         return self.policy.counted_bytes(tensor, nbytes) if self.policy is not None else nbytes
 
-    def _small_kept_entry(self, tensor: torch.Tensor, layout: Layout, row: Row) -> _Entry:
-        """A small tensor no arena takes, kept as it is (or, a small view of a much larger storage, as a small
-        copy, so that it does not pin the large storage)."""
+    def _kept_entry(self, tensor: torch.Tensor, layout: Layout, row: Row) -> _Entry:
+        """A tensor kept as it is: a small one no arena takes, or one saved for equality comparisons (or, a small
+        view of a much larger storage, as a copy of its span, so that it does not pin the large storage)."""
         nbytes = layout.numel * tensor.element_size()
         row.kept += 1
         row.original += nbytes
@@ -519,10 +535,11 @@ class Session:
             entry.copy = layout.source(tensor).clone(memory_format=torch.contiguous_format)
         return entry
 
-    def _find_shared(self, key: tuple, tensor: torch.Tensor, footprint: Footprint) -> _Entry | None:
+    def _find_shared(self, key: tuple, tensor: torch.Tensor, footprint: Footprint, exact: bool) -> _Entry | None:
+        """A live entry that holds ``tensor``'s view (with ``exact``, one that holds it as it is), or None."""
         for ref in self._by_storage.get(key, ()):
             entry = ref()
-            if entry is not None and entry.shares(tensor, footprint):
+            if entry is not None and entry.shares(tensor, footprint) and (not exact or entry.uncompressed):
                 return entry
         return None
 
