@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 from pathlib import Path
 
@@ -302,6 +303,13 @@ def test_bad_input_is_refused_clearly():
     model = nn.Linear(2, 2)
     with pytest.raises(TypeError, match="torch.nn.Module"):
         compressed(lambda x: x, ALL_RAW)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 warns that torch.jit.script is deprecated
+        scripted = torch.jit.script(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="TorchScript module \\(the model is one"):
+        compressed(scripted, ALL_RAW)
+    with pytest.raises(TypeError, match="TorchScript module \\(1 is one"):
+        compressed(nn.Sequential(nn.ReLU(), scripted), ALL_RAW)
     with pytest.raises(UnknownCodecError, match="unknown codec id 'nope'"):
         Policy.static({"id": "nope"})
     with pytest.raises(UnknownCodecError):

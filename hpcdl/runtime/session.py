@@ -673,6 +673,14 @@ def compressed(
         raise TypeError(
             f"hpcdl.compressed needs the torch.nn.Module whose forward runs inside the block, got {type(model).__name__}"
         )
+    scripted = next((name or "the model" for name, module in model.named_modules()
+                     if isinstance(module, torch.jit.ScriptModule)), None)
+    if scripted is not None:
+        raise TypeError(
+            f"hpcdl.compressed cannot follow a TorchScript module ({scripted} is one, from torch.jit.script or "
+            "torch.jit.trace): the session needs forward hooks on the modules, which TorchScript does not run; "
+            "train the eager nn.Module under hpcdl.compressed and script it afterwards for inference"
+        )
     policy = as_policy(policy)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
         raise ValueError(f"threshold is a size in bytes >= 0 (default {DEFAULT_THRESHOLD}), got {threshold!r}")
