@@ -68,6 +68,11 @@ DEFAULT_THRESHOLD = 64 * 1024
 _active = threading.local()
 
 
+# The session's own tensor calls in its hooks (the codecs': most of a compressed forward's calls) run without
+# torch-function modes, so that the ExactSaves mode, which watches the model's calls, does not see them.
+_OWN_WORK = getattr(torch._C, "DisableTorchFunction", contextlib.nullcontext)
+
+
 class CompressionFallbackWarning(UserWarning):
     """A codec failed on a saved tensor; the tensor was kept uncompressed (once per module and policy)."""
 
@@ -321,7 +326,7 @@ class Session:
         self._concat.__enter__()
         self._exact_saves = ExactSaves().__enter__()
         self._modules = ModuleTracker(self.model).__enter__()
-        self._seal_hook = self.model.register_forward_hook(lambda *_: self._arenas.seal_all(), always_call=True)
+        self._seal_hook = self.model.register_forward_hook(lambda *_: self._seal_arenas(), always_call=True)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         self._hooks.__enter__()
         _active.session = self
@@ -333,7 +338,7 @@ class Session:
         self._hooks.__exit__(*exc)
         self._modules.__exit__(*exc)
         self._seal_hook.remove()
-        self._arenas.seal_all()
+        self._seal_arenas()
         self._exact_saves.__exit__(*exc)
         self._concat.__exit__(*exc)
         self._chunked.__exit__(*exc)
@@ -342,6 +347,11 @@ class Session:
         self._state = "closed"
         if self.policy is not None:
             self.policy.forward_closed(self.stats.original_bytes, self.stats.packed_bytes)
+
+    def _seal_arenas(self) -> None:
+        """Encode the open arenas (the model's forward ended, or the session closes)."""
+        with _OWN_WORK():
+            self._arenas.seal_all()
 
     # -- what the session holds -----------------------------------------------------------------------------
     @property
@@ -424,7 +434,7 @@ class Session:
             with modules, chunked_layers(self.model, self._chunk_bytes, self._hooks_innermost, self._claim_decoded), \
                     ExactSaves():
                 yield
-            self._arenas.seal_all()
+            self._seal_arenas()
         finally:
             self._modules, self._rows = forward_modules, self.stats
             if self.policy is not None:
@@ -474,6 +484,10 @@ class Session:
 
     def pack(self, tensor: torch.Tensor):
         """The session's pack hook: what autograd holds for ``tensor`` (see the module docstring)."""
+        with _OWN_WORK():
+            return self._pack(tensor)
+
+    def _pack(self, tensor: torch.Tensor):
         if not is_plain_strided(tensor):  # a parameter (a leaf: holding it closes no cycle) or another subclass
             return tensor
         # Not ``tensor`` itself: an op that saves its own output (ReLU, sigmoid, softmax) would then hold that output,
