@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
 # The commands for the committed study in docs/results/ (CPU, 2 cores shared with other work).
-# The committed results: the other methods at 9649058 (particle-transformer, resnet18-cifar), hep-cnn's at
-# db448bb (the window codec), deeplabv3p-climate's and every model's adaptive, ActNN and entropy-stage runs
-# at dc36183 (the entropy stage); every model's adaptive, adaptive:alpha=1 and ActNN runs were re-run at
-# e3492a8 (batch norms' inputs bounded per channel, the error budgets shared at their optimum), the ActNN
-# runs at the bits `matched-bits` read from those adaptive runs; nothing the other methods' code paths
-# depend on changed between them. (Two adaptive changes after e3492a8, b44e233 and the negligible slots'
-# bare recording, skip trial encodes whose results the decisions never used; not re-run.) Every method with
-# the entropy stage (both static sz+zstd settings, adaptive, adaptive:alpha=1) and the ActNN runs matched to the
-# new adaptive ratios were re-run at e5b30de (the stage compresses sz's codes repacked whole), with METHODS
-# restricted to them: the other methods' committed rows are unchanged (their configs resolve to other digests
-# since the shipped configs' default codec became sz rel 1e-3, which none of them uses).
+# The committed results: every run re-run at 7e5ce99 on 2026-12-05 in one go, on one machine (2-core Intel Xeon
+# VM, nothing else running), with this script as it is: `OUT=/tmp/studyfull bash docs/results/commands.sh`, 36
+# minutes. (Before, the rows came from several commits and machines: first-step losses then differed in the
+# last bit between machines, and step times between runs on a loaded and an idle machine; the git history of
+# this file lists them.)
 # Run from the repository root with the venv active; OUT holds results.jsonl and the trainer's run
 # directories (the run directories are not committed). Each command resumes if interrupted: a run
 # already in OUT's results (same model, method, seed, settings and resolved config) is not run again.
