@@ -41,6 +41,9 @@ EQUALITY_OPS = {
     "F.normalize p=inf": lambda h: F.normalize(h, p=INF, dim=1),
     "torch.dist p=inf": lambda h: torch.dist(h, h.flip(1), p=INF),
     "cdist p=inf": lambda h: torch.cdist(h.flatten(2), h.flatten(2)[:, :2], p=INF),
+    "pairwise_distance p=inf": lambda h: F.pairwise_distance(h.flatten(1), h.flip(0).flatten(1), p=INF),
+    "triplet_margin_loss p=inf": lambda h: F.triplet_margin_loss(h.flatten(1), h.flip(0).flatten(1),
+                                                                 h.roll(1, 0).flatten(1), p=INF),
 }
 
 

@@ -1,9 +1,9 @@
 """Ops whose backward compares the tensors they saved for equality, whose saves a session keeps exact.
 
 The backward of ``amax``/``amin`` (and ``aminmax``), of a whole-tensor ``max``/``min``/``median``/``nanmedian``
-and of the norms that are a maximum (vector norms, distances and ``F.normalize`` of order +-inf; matrix norms of
-order +-1, +-2, +-inf) sends the gradient to the elements of the saved input that *equal* the saved result,
-divided by how many do. A lossy copy of the input (or of the result) matches no element however small its error:
+and of the norms that are a maximum (vector norms, distances, ``F.normalize`` and the triplet loss of order +-inf;
+matrix norms of order +-1, +-2, +-inf) sends the gradient to the elements of the saved input that *equal* the
+saved result, divided by how many do. A lossy copy of the input (or of the result) matches no element however small its error:
 the division is 0/0 and the gradient NaN (``amax``, the norms), or it is lost (``max()``, ``median()``,
 ``cdist``). So whatever such an op saves while :class:`ExactSaves` is active is kept as it is by the session
 (:meth:`hpcdl.runtime.session.Session.pack`), never shared with a lossy copy of the same tensor; everything else
@@ -36,6 +36,7 @@ _NORMS = {
     torch.linalg.matrix_norm: (1, "ord", "fro"), F.normalize: (1, "p", 2.0),
     torch.dist: (2, "p", 2), torch.Tensor.dist: (2, "p", 2), torch.cdist: (2, "p", 2.0),
     torch.renorm: (1, "p", 2), torch.Tensor.renorm: (1, "p", 2),
+    torch.pairwise_distance: (2, "p", 2.0), F.triplet_margin_loss: (4, "p", 2),
 }
 _MATRIX_ORDERS = (1, -1, 2, -2, math.inf, -math.inf)  # a maximum or minimum over columns, rows or singular values
 #: Every function the mode looks at; any other call passes straight through.
