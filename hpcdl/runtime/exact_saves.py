@@ -1,14 +1,14 @@
 """Ops whose backward compares the tensors they saved for equality, whose saves a session keeps exact.
 
-The backward of ``amax``/``amin`` (and ``aminmax``), of a whole-tensor ``max``/``min``/``median``/``nanmedian``
-and of the norms that are a maximum (vector norms, distances, ``F.normalize`` and the triplet loss of order +-inf;
-matrix norms of order +-1, +-2, +-inf) sends the gradient to the elements of the saved input that *equal* the
-saved result, divided by how many do. A lossy copy of the input (or of the result) matches no element however small its error:
-the division is 0/0 and the gradient NaN (``amax``, the norms), or it is lost (``max()``, ``median()``,
+The backward of ``amax``/``amin`` (and ``aminmax``), of a whole-tensor ``max``/``min``/``median``/``nanmedian`` and
+of the norms that are a maximum (vector norms, distances, ``F.normalize`` and the triplet loss of order +-inf;
+matrix norms of order +-1, +-2, +-inf) sends the gradient to the elements of the saved input that *equal* the saved
+result, divided by how many do. A lossy copy of the input (or of the result) matches no element however small its
+error: the division is 0/0 and the gradient NaN (``amax``, the norms), or it is lost (``max()``, ``median()``,
 ``cdist``). So whatever such an op saves while :class:`ExactSaves` is active is kept as it is by the session
-(:meth:`hpcdl.runtime.session.Session.pack`), never shared with a lossy copy of the same tensor; everything else
-is compressed as before. The same ops with a ``dim`` that return indices (``max(x, 1)``, ``median(x, 1)``) save
-the indices, which stay exact anyway.
+(:meth:`hpcdl.runtime.session.Session.pack`), never shared with a lossy copy of the same tensor; everything else is
+compressed as before. The same ops with a ``dim`` that return indices (``max(x, 1)``, ``median(x, 1)``) save the
+indices, which stay exact anyway.
 
 Which call runs is known only at the Python level, so the mode intercepts the calls (a ``TorchFunctionMode``,
 as :mod:`hpcdl.runtime.chunked` does for batch norms) and marks the saves made while one runs.
