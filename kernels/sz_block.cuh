@@ -532,6 +532,45 @@ HPCDL_HD_INLINE void hp_or_reduce4(__m512i a, __m512i b, __m512i c, __m512i d, h
     _mm512_storeu_si512((void*)lanes, r);
     out[0] = lanes[0], out[1] = lanes[4], out[2] = lanes[8], out[3] = lanes[12];
 }
+#elif HPCDL_HOST_AVX2
+HPCDL_HD_INLINE __m256i hp_zigzag8(__m256i d) { return _mm256_xor_si256(_mm256_slli_epi32(d, 1), _mm256_srai_epi32(d, 31)); }
+// Lane i of the result is lane i - 1 of the 16 lanes (before, lanes): q[i - 1], with before = 0 for q[-1] = 0.
+HPCDL_HD_INLINE __m256i hp_previous8(__m256i lanes, __m256i before) {
+    const __m256i up = _mm256_setr_epi32(7, 0, 1, 2, 3, 4, 5, 6);
+    return _mm256_blend_epi32(_mm256_permutevar8x32_epi32(lanes, up), _mm256_permutevar8x32_epi32(before, up), 1);
+}
+// The OR of the 8 lanes of v.
+HPCDL_HD_INLINE hp_u32 hp_or_reduce8(__m256i v) {
+    __m128i r = _mm_or_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_or_si128(r, _mm_shuffle_epi32(r, 0x4e));
+    r = _mm_or_si128(r, _mm_shuffle_epi32(r, 0xb1));
+    return (hp_u32)_mm_cvtsi128_si32(r);
+}
+// The 8-bit mask of the nonzero lanes of v (bit i = lane i).
+HPCDL_HD_INLINE hp_u32 hp_nonzero8(__m256i v) {
+    return (hp_u32)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(v, _mm256_setzero_si256()))) ^ 0xffu;
+}
+// For each 8-bit lane mask m: the lanes of m in increasing order (then zeros), which packs them to the front with
+// _mm256_permutevar8x32_epi32, and for each lane i the number of lanes of m below i, which unpacks them back.
+struct HpLaneOrders {
+    hp_u8 packed[256][8], unpacked[256][8];
+    constexpr HpLaneOrders() : packed(), unpacked() {
+        for (int m = 0; m < 256; ++m)
+            for (int i = 0, r = 0; i < 8; ++i) {
+                unpacked[m][i] = (hp_u8)r;
+                if ((m >> i) & 1) packed[m][r++] = (hp_u8)i;
+            }
+    }
+};
+static constexpr HpLaneOrders hp_lane_orders{};
+HPCDL_HD_INLINE __m256i hp_lane_order(const hp_u8* order) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)order));
+}
+// The lanes of v whose bit is set in the 8-bit mask m, as all-ones lanes.
+HPCDL_HD_INLINE __m256i hp_lanes_in(hp_u32 m) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)m), bit), bit);
+}
 #endif
 
 // The header byte from the OR over a block's lanes of each predictor's values (zigzag(q), q, zigzag of the Lorenzo
@@ -569,6 +608,24 @@ HPCDL_HD_INLINE hp_u8 hp_block_header(const hp_i32* q, int count) {
                       any);
         any_zigzag = any[0], any_lorenzo = any[1], any_unsigned = any[2], any_sparse = any[3];
         mask = (hp_u32)low_nonzero | ((hp_u32)high_nonzero << 16);
+    } else
+#elif HPCDL_HOST_AVX2
+    if (count == HPCDL_BLOCK) {  // the same OR reductions, 8 lanes at a time
+        const __m256i zero = _mm256_setzero_si256(), minus_one = _mm256_set1_epi32(-1);
+        __m256i zigzag = zero, lorenzo = zero, unsigned_ = zero, sparse = zero, before = zero;
+        mask = 0;
+        for (int v = 0; v < 4; ++v) {
+            __m256i lanes = _mm256_loadu_si256((const __m256i*)(q + 8 * v));
+            zigzag = _mm256_or_si256(zigzag, hp_zigzag8(lanes));
+            lorenzo = _mm256_or_si256(lorenzo, hp_zigzag8(_mm256_sub_epi32(lanes, hp_previous8(lanes, before))));
+            unsigned_ = _mm256_or_si256(unsigned_, lanes);
+            // q - 1 for nonzero q, 0 for q = 0 (the compare is -1 there)
+            sparse = _mm256_or_si256(sparse, _mm256_sub_epi32(_mm256_add_epi32(lanes, minus_one), _mm256_cmpeq_epi32(lanes, zero)));
+            mask |= hp_nonzero8(lanes) << (8 * v);
+            before = lanes;
+        }
+        any_zigzag = hp_or_reduce8(zigzag), any_lorenzo = hp_or_reduce8(lorenzo);
+        any_unsigned = hp_or_reduce8(unsigned_), any_sparse = hp_or_reduce8(sparse);
     } else
 #endif
     {
@@ -629,6 +686,14 @@ HPCDL_HD_INLINE void hp_lanes_of(const hp_u32* planes, int width, hp_u32* u) {
     }
     _mm512_storeu_si512((void*)u, low);
     _mm512_storeu_si512((void*)(u + 16), high);
+#elif HPCDL_HOST_AVX2
+    __m256i lanes[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int j = 0; j < width; ++j) {
+        __m256i bit = _mm256_set1_epi32((int)(1u << j));
+        for (int v = 0; v < 4; ++v)
+            lanes[v] = _mm256_or_si256(lanes[v], _mm256_and_si256(hp_lanes_in((planes[j] >> (8 * v)) & 0xffu), bit));
+    }
+    for (int v = 0; v < 4; ++v) _mm256_storeu_si256((__m256i*)(u + 8 * v), lanes[v]);
 #else
     const hp_u32 lane_bit[HPCDL_BLOCK] = HPCDL_LANE_BITS;
     for (int i = 0; i < HPCDL_BLOCK; ++i) u[i] = 0;
@@ -655,6 +720,24 @@ HPCDL_HD inline void hp_sparse_pack(const hp_i32* q, int count, int words_total,
         _mm512_storeu_si512((void*)(values + low_k), _mm512_maskz_compress_epi32(high_mask, _mm512_sub_epi32(high, one)));
         mask = (hp_u32)low_mask | ((hp_u32)high_mask << 16);
         k = hp_popcount(mask);
+    } else
+#elif HPCDL_HOST_AVX2
+    if (count == HPCDL_BLOCK) {  // compaction 8 lanes at a time by a permutation, then the lanes past k zeroed
+        const __m256i one = _mm256_set1_epi32(1);
+        for (int v = 0; v < 4; ++v) {  // k <= 8 v before lane group v, so its 8 stores stay inside values[0..31]
+            __m256i lanes = _mm256_loadu_si256((const __m256i*)(q + 8 * v));
+            hp_u32 nonzero = hp_nonzero8(lanes);
+            __m256i order = hp_lane_order(hp_lane_orders.packed[nonzero]);
+            _mm256_storeu_si256((__m256i*)(values + k), _mm256_permutevar8x32_epi32(_mm256_sub_epi32(lanes, one), order));
+            mask |= nonzero << (8 * v);
+            k += hp_popcount(nonzero);
+        }
+        const __m256i rank = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), first_past = _mm256_set1_epi32(k);
+        for (int v = 0; v < 4; ++v) {
+            __m256i below_k = _mm256_cmpgt_epi32(first_past, _mm256_add_epi32(rank, _mm256_set1_epi32(8 * v)));
+            __m256i kept = _mm256_and_si256(below_k, _mm256_loadu_si256((const __m256i*)(values + 8 * v)));
+            _mm256_storeu_si256((__m256i*)(values + 8 * v), kept);
+        }
     } else
 #endif
     {
@@ -700,6 +783,17 @@ HPCDL_HD inline void hp_sparse_unpack(const hp_u32* words, int words_total, hp_i
         _mm512_storeu_si512((void*)q, _mm512_maskz_add_epi32(low_mask, low, one));
         _mm512_storeu_si512((void*)(q + 16), _mm512_maskz_add_epi32(high_mask, high, one));
     }
+#elif HPCDL_HOST_AVX2
+    {  // expansion 8 lanes at a time by a permutation: lane i of a group takes the value of its rank among the set lanes
+        const __m256i one = _mm256_set1_epi32(1);
+        for (int v = 0, r = 0; v < 4; ++v) {  // r <= 8 v, so the 8 loads stay inside values[0..31]
+            hp_u32 on = (mask >> (8 * v)) & 0xffu;
+            __m256i order = hp_lane_order(hp_lane_orders.unpacked[on]);
+            __m256i spread = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i*)(values + r)), order);
+            _mm256_storeu_si256((__m256i*)(q + 8 * v), _mm256_and_si256(_mm256_add_epi32(spread, one), hp_lanes_in(on)));
+            r += hp_popcount(on);
+        }
+    }
 #else
     for (int i = 0, r = 0; i < HPCDL_BLOCK; ++i) {  // branch-free expansion
         hp_u32 on = (mask >> i) & 1u;
@@ -728,6 +822,19 @@ HPCDL_HD_INLINE void hp_block_pack(const hp_i32* q, int count, hp_u8 header, hp_
         if (predictor != HPCDL_PRED_UNSIGNED) low = hp_zigzag16(low), high = hp_zigzag16(high);
         _mm512_storeu_si512((void*)u, low);
         _mm512_storeu_si512((void*)(u + 16), high);
+        hp_planes_of(u, width, words);
+        return;
+    }
+#elif HPCDL_HOST_AVX2
+    if (count == HPCDL_BLOCK) {  // the lanes' u, 8 at a time
+        __m256i before = _mm256_setzero_si256();
+        for (int v = 0; v < 4; ++v) {
+            __m256i lanes = _mm256_loadu_si256((const __m256i*)(q + 8 * v)), value = lanes;
+            if (predictor == HPCDL_PRED_LORENZO) value = _mm256_sub_epi32(lanes, hp_previous8(lanes, before));
+            if (predictor != HPCDL_PRED_UNSIGNED) value = hp_zigzag8(value);
+            _mm256_storeu_si256((__m256i*)(u + 8 * v), value);
+            before = lanes;
+        }
         hp_planes_of(u, width, words);
         return;
     }
@@ -826,11 +933,64 @@ inline hp_u32 hp_sz_quantize32_f32_abs(const float* xb, const HpSzParams& p, hp_
     }
     return outliers;
 }
+#elif HPCDL_HOST_AVX2
+// The AVX2 version of hp_sz_quantize32_f32_abs above: 8 lanes at a time, vector compare masks (all ones or zero),
+// the float64 check 4 lanes at a time, the lanes' selections combined as 8-bit movemasks.
+inline hp_u32 hp_sz_quantize32_f32_abs(const float* xb, const HpSzParams& p, hp_i32* q) {
+    const __m256 inv = _mm256_set1_ps((float)p.inv), eb = _mm256_set1_ps((float)p.eb), zero = _mm256_setzero_ps();
+    const __m256 step = _mm256_set1_ps((float)p.step), max_scaled = _mm256_set1_ps((float)(HPCDL_MAX_Q - 1));
+    const __m256 sub_positive = _mm256_set1_ps((float)p.sub[0]), sub_negative = _mm256_set1_ps((float)p.sub[1]);
+    const __m256 base_positive = _mm256_set1_ps((float)p.base[0]), base_negative = _mm256_set1_ps((float)p.base[1]);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 sign_bit = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    const __m256d tolerance = _mm256_set1_pd(p.eb);
+    const __m256d abs_mask_d = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+    const __m256i one = _mm256_set1_epi32(1), two = _mm256_set1_epi32(2), zero_i = _mm256_setzero_si256();
+    hp_u32 outliers = 0;
+    for (int v = 0; v < 4; ++v) {
+        __m256 x = _mm256_loadu_ps(xb + 8 * v);
+        __m256 magnitude_x = _mm256_and_ps(x, abs_mask);
+        // the level as hp_level16_f32 computes it; max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
+        __m256 scaled = _mm256_mul_ps(_mm256_max_ps(_mm256_sub_ps(magnitude_x, eb), zero), inv);
+        __m256 usable = _mm256_and_ps(_mm256_cmp_ps(magnitude_x, zero, _CMP_GT_OQ), _mm256_cmp_ps(scaled, max_scaled, _CMP_LE_OQ));
+        __m256 in_range = _mm256_and_ps(usable, scaled);
+        __m256i truncated = _mm256_cvttps_epi32(in_range);
+        __m256i round_up = _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ));
+        __m256i level = _mm256_add_epi32(_mm256_sub_epi32(truncated, round_up), one);  // round_up is -1 or 0
+        __m256 negative = _mm256_cmp_ps(x, zero, _CMP_LT_OQ);
+        __m256i negative_i = _mm256_castps_si256(negative);
+        __m256i code = _mm256_and_si256(_mm256_castps_si256(usable),
+                                        _mm256_sub_epi32(_mm256_xor_si256(level, negative_i), negative_i));
+        // decoded value: level 1 -> sub, else (level - 2) * step + base, of x's sign; 0 where the code is 0
+        __m256 sub = _mm256_blendv_ps(sub_positive, sub_negative, negative);
+        __m256 base = _mm256_blendv_ps(base_positive, base_negative, negative);
+        __m256 binned = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(level, two)), step), base);
+        __m256 magnitude = _mm256_blendv_ps(binned, sub, _mm256_castsi256_ps(_mm256_cmpeq_epi32(level, one)));
+        __m256 code_zero = _mm256_castsi256_ps(_mm256_cmpeq_epi32(code, zero_i));
+        __m256 y = _mm256_andnot_ps(code_zero, _mm256_xor_ps(magnitude, _mm256_and_ps(negative, sign_bit)));
+        // the float64 bound check, 4 lanes at a time
+        __m256d x_low = _mm256_cvtps_pd(_mm256_castps256_ps128(x)), x_high = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+        __m256d y_low = _mm256_cvtps_pd(_mm256_castps256_ps128(y)), y_high = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
+        hp_u32 within =
+            (hp_u32)_mm256_movemask_pd(_mm256_cmp_pd(_mm256_and_pd(_mm256_sub_pd(x_low, y_low), abs_mask_d), tolerance, _CMP_LE_OQ)) |
+            ((hp_u32)_mm256_movemask_pd(_mm256_cmp_pd(_mm256_and_pd(_mm256_sub_pd(x_high, y_high), abs_mask_d), tolerance, _CMP_LE_OQ)) << 4);
+        // signs compared in float32: widening to float64 keeps sign, zero and NaN
+        hp_u32 same_positive = ~((hp_u32)_mm256_movemask_ps(_mm256_cmp_ps(x, zero, _CMP_GT_OQ)) ^
+                                 (hp_u32)_mm256_movemask_ps(_mm256_cmp_ps(y, zero, _CMP_GT_OQ)));
+        hp_u32 same_negative = ~((hp_u32)_mm256_movemask_ps(negative) ^ (hp_u32)_mm256_movemask_ps(_mm256_cmp_ps(y, zero, _CMP_LT_OQ)));
+        hp_u32 nonzero = (hp_u32)_mm256_movemask_ps(code_zero) ^ 0xffu;
+        hp_u32 good = nonzero & within & same_positive & same_negative & 0xffu;
+        hp_u32 plus_zero = (hp_u32)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_castps_si256(x), zero_i)));
+        _mm256_storeu_si256((__m256i*)(q + 8 * v), _mm256_and_si256(code, hp_lanes_in(good)));
+        outliers |= (~good & ~plus_zero & 0xffu) << (8 * v);
+    }
+    return outliers;
+}
 #endif
 
 template <class D, int MODE>
 HPCDL_HD_INLINE hp_u32 hp_sz_quantize_lanes(const typename D::S* xb, int count, const HpSzParams& p, hp_i32* q) {
-#if HPCDL_HOST_AVX512
+#if HPCDL_HOST_AVX2
     if (MODE == HPCDL_MODE_ABS && sizeof(typename D::S) == 4 && count == HPCDL_BLOCK)  // float32 (HpF32)
         return hp_sz_quantize32_f32_abs((const float*)xb, p, q);
 #endif

@@ -43,6 +43,13 @@ def _activation_like(dtype: torch.dtype, numel: int) -> torch.Tensor:
     return x.to(dtype)
 
 
+def _relu_like(dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """ReLU of _activation_like with a share of nonzero elements rising from 2% to 98% along the tensor."""
+    generator = torch.Generator().manual_seed(numel)
+    kept = torch.rand(numel, generator=generator) < torch.linspace(0.02, 0.98, numel)
+    return (torch.relu(_activation_like(torch.float32, numel)) * kept).to(dtype)
+
+
 @requires_host
 def test_the_library_has_a_build_per_instruction_set_and_runs_the_best():
     expected = ["avx512", "avx2", "baseline"] if X86_64 else ["baseline"]
@@ -60,6 +67,13 @@ def test_every_build_this_cpu_runs_gives_the_reference_bytes(isa, restore_isa):
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         x = _activation_like(dtype, 20_011)
         for mode, bound in (("abs", 1e-2), ("rel", 1e-3), ("pw_rel", 1e-2)):
+            packed, expected = encode_with("host", x, mode, bound), encode_with("reference", x, mode, bound)
+            assert packed.header == expected.header and torch.equal(packed.data, expected.data), (dtype, mode)
+            restored, reference = decode_with("host", packed), decode_with("reference", packed)
+            assert torch.equal(restored.view(torch.uint8), reference.view(torch.uint8)), (dtype, mode)
+    for dtype in (torch.float32, torch.float16):  # ReLU-like blocks from nearly empty to nearly full: sparse blocks
+        x = _relu_like(dtype, 40_009)       # of every lane mask, compacted and expanded by the vector paths
+        for mode, bound in (("abs", 1e-2), ("rel", 1e-1), ("pw_rel", 1e-2)):
             packed, expected = encode_with("host", x, mode, bound), encode_with("reference", x, mode, bound)
             assert packed.header == expected.header and torch.equal(packed.data, expected.data), (dtype, mode)
             restored, reference = decode_with("host", packed), decode_with("reference", packed)
