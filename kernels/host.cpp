@@ -392,6 +392,41 @@ void codes_escapes(const hp_u8* headers, const hp_i64* offsets, const hp_u32* wo
     counts[0] = over2, counts[1] = over4, counts[2] = over8;
 }
 
+// The 32 BITS-bit values of a whole block's bytes (lane i in bits BITS (i mod 8/BITS) .. of byte i / (8/BITS)),
+// as the portable loop of codes_decode_bits unpacks them; with AVX2 a few shuffles instead of a loop the
+// compilers turn into byte inserts.
+template <int BITS>
+static void codes_lanes(const hp_u8* bytes, hp_u32* u) {
+#if HPCDL_HOST_AVX2
+    if (BITS == 8) {
+        for (int v = 0; v < 4; ++v)
+            _mm256_storeu_si256((__m256i*)(u + 8 * v), _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * v))));
+    } else if (BITS == 4) {  // low nibbles are the even lanes, high nibbles the odd ones
+        const __m128i low_nibble = _mm_set1_epi8(0x0f);
+        __m128i in = _mm_loadu_si128((const __m128i*)bytes);
+        __m128i low = _mm_and_si128(in, low_nibble), high = _mm_and_si128(_mm_srli_epi16(in, 4), low_nibble);
+        __m128i first = _mm_unpacklo_epi8(low, high), second = _mm_unpackhi_epi8(low, high);  // lanes 0-15, 16-31
+        _mm256_storeu_si256((__m256i*)u, _mm256_cvtepu8_epi32(first));
+        _mm256_storeu_si256((__m256i*)(u + 8), _mm256_cvtepu8_epi32(_mm_srli_si128(first, 8)));
+        _mm256_storeu_si256((__m256i*)(u + 16), _mm256_cvtepu8_epi32(second));
+        _mm256_storeu_si256((__m256i*)(u + 24), _mm256_cvtepu8_epi32(_mm_srli_si128(second, 8)));
+    } else {  // BITS == 2: each byte to four lanes, shifted by 0, 2, 4, 6
+        const __m256i shifts = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6), mask = _mm256_set1_epi32(3);
+        __m256i in = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)bytes));  // byte j in lane j
+        for (int v = 0; v < 4; ++v) {
+            __m256i spread = _mm256_permutevar8x32_epi32(in, _mm256_setr_epi32(2 * v, 2 * v, 2 * v, 2 * v, 2 * v + 1,
+                                                                                2 * v + 1, 2 * v + 1, 2 * v + 1));
+            _mm256_storeu_si256((__m256i*)(u + 8 * v), _mm256_and_si256(_mm256_srlv_epi32(spread, shifts), mask));
+        }
+    }
+#else
+    constexpr int per_byte = 8 / BITS;
+    for (int j = 0; j < HPCDL_BLOCK / per_byte; ++j)
+        for (int lane = 0; lane < per_byte; ++lane)
+            u[j * per_byte + lane] = (bytes[j] >> (lane * BITS)) & ((1u << BITS) - 1u);
+#endif
+}
+
 // codes_decode: the inverse, from untrusted bytes: rebuilds the block headers (one per 32 codes) and the words of
 // n codes from `in` (ceil(n / (8/bits)) bytes) and n_escapes escapes, each escape in [0, max_zigzag - 2^bits + 1].
 // Returns 0; -1 if an escape is missing, out of range or left over; -2 if a bit past the last code is set; -3 if
@@ -408,8 +443,7 @@ static int codes_decode_bits(const hp_u8* in, hp_i64 n, const hp_i32* escapes, h
         memcpy(bytes, in + b * block_bytes, (size_t)used_bytes);
         if (count % per_byte && (bytes[count / per_byte] >> ((count % per_byte) * BITS)) != 0) return -2;
         hp_u32 u[HPCDL_BLOCK], escaped = 0;
-        for (int j = 0; j < block_bytes; ++j)
-            for (int lane = 0; lane < per_byte; ++lane) u[j * per_byte + lane] = (bytes[j] >> (lane * BITS)) & escape;
+        codes_lanes<BITS>(bytes, u);
         for (int i = 0; i < HPCDL_BLOCK; ++i) escaped |= (hp_u32)(u[i] == escape);
         if (escaped) {
             for (int i = 0; i < count; ++i) {

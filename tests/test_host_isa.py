@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from hpcdl.compress.blocks import reference as reference_kernels
+from hpcdl.compress.blocks.stream import word_offsets
+from hpcdl.compress.codes import CODE_BITS, MAX_ZIGZAG
 from hpcdl.compress.intcodec import IntCodec
-from hpcdl.compress.sz import decode_with, encode_with, host
+from hpcdl.compress.sz import Sz, decode_with, encode_with, host
 
 from conftest import require
 
@@ -81,6 +84,18 @@ def test_every_build_this_cpu_runs_gives_the_reference_bytes(isa, restore_isa):
     several_parts = _activation_like(torch.float32, 2**18 + 4099)  # the encoder's parts join in order
     assert torch.equal(encode_with("host", several_parts, "rel", 1e-2).data,
                        encode_with("reference", several_parts, "rel", 1e-2).data)
+    # the entropy stage's codes layouts: every width's body and the blocks rebuilt from it
+    stream = encode_with("host", torch.randn(50_001, generator=torch.Generator().manual_seed(2)) * 40, "abs", 0.5)
+    _, _, _, layout = Sz.read_stream_header(stream.header)
+    headers, words = layout.headers(stream.data), layout.words(stream.data)
+    offsets, _ = word_offsets(headers)
+    for bits in CODE_BITS:
+        body, escapes = host.codes_encode(headers, offsets, words, layout.numel, bits)
+        expected_body, expected_escapes = reference_kernels.codes_encode(headers, offsets, words, layout.numel, bits)
+        assert torch.equal(body, expected_body) and torch.equal(escapes, expected_escapes), bits
+        rebuilt_headers, rebuilt_words = torch.zeros_like(headers), torch.zeros_like(words)
+        assert host.codes_decode(body, layout.numel, bits, escapes, MAX_ZIGZAG, rebuilt_headers, rebuilt_words) == 0
+        assert torch.equal(rebuilt_headers, headers) and torch.equal(rebuilt_words, words), bits
     codes = torch.randint(-(2**31), 2**31 - 1, (9_001,), generator=torch.Generator().manual_seed(1), dtype=torch.int64)
     codes[::3] = torch.arange(0, 9_001, 3) % 200
     codec = IntCodec()

@@ -1,4 +1,5 @@
-"""sz encode and decode speed of the host kernels on a few activation-like float32 tensors, one thread, best of 3.
+"""sz encode and decode speed of the host kernels on a few activation-like float32 tensors, one thread, best of 3,
+without and with the zstd entropy stage (whose codes layouts run host kernels too).
 
 Run it once per library to compare two builds of kernels/host.cpp on the same machine, alternating, e.g.
     HPCDL_HOST_LIBRARY=/path/to/other/_kernels_host*.so python docs/results/host-codec-speed.py
@@ -12,6 +13,7 @@ import torch
 
 from hpcdl.compress import get_codec
 from hpcdl.compress.blocks import host
+from hpcdl.compress.entropy import with_stage
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -23,8 +25,8 @@ TENSORS = {
 }
 print("host build", host.active_isa(), "library", host.LIBRARY._name)
 for name, x in TENSORS.items():
-    for bound in (1e-2, 1e-1):
-        codec = get_codec({"id": "sz", "mode": "rel", "bound": bound})
+    for bound, entropy in ((1e-2, "none"), (1e-1, "none"), (1e-2, "zstd"), (1e-1, "zstd")):
+        codec = get_codec(with_stage({"id": "sz", "mode": "rel", "bound": bound}, entropy))
         packed = codec.encode(x)
         reps = max(5, int(3e7 // x.numel()))
         encode = decode = float("inf")
@@ -38,5 +40,5 @@ for name, x in TENSORS.items():
                 codec.decode(packed)
             decode = min(decode, (time.perf_counter() - start) / reps)
         size = x.numel() * 4
-        print(f"{name:12s} rel {bound:g}: encode {size / encode / 1e9:5.2f} GB/s  decode {size / decode / 1e9:5.2f} GB/s"
+        print(f"{name:12s} rel {bound:g} entropy {entropy:4s}: encode {size / encode / 1e9:5.2f} GB/s  decode {size / decode / 1e9:5.2f} GB/s"
               f"  ratio {size / packed.nbytes:5.2f}  bytes {packed.nbytes}")
