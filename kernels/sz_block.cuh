@@ -566,7 +566,7 @@ static constexpr HpLaneOrders hp_lane_orders{};
 HPCDL_HD_INLINE __m256i hp_lane_order(const hp_u8* order) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)order));
 }
-// The lanes of v whose bit is set in the 8-bit mask m, as all-ones lanes.
+// All-ones in lane i where bit i of the 8-bit mask m is set, zero in the other lanes.
 HPCDL_HD_INLINE __m256i hp_lanes_in(hp_u32 m) {
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)m), bit), bit);
