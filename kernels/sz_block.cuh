@@ -426,6 +426,18 @@ inline hp_i64 hp_sum8_i64(__m256i lanes) {
     _mm256_storeu_si256((__m256i*)parts, wide);
     return parts[0] + parts[1] + parts[2] + parts[3];
 }
+// The AVX2 version of hp_level16_f32: the quantizer's level of 8 float32 magnitudes, `usable` all ones in the
+// lanes that have one. One definition for the statistics pass and the quantizer, which must agree lane for lane.
+inline __m256i hp_level8_f32(__m256 magnitude, __m256 eb, __m256 inv, __m256 max_scaled, __m256* usable) {
+    const __m256 zero = _mm256_setzero_ps();
+    // max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
+    __m256 scaled = _mm256_mul_ps(_mm256_max_ps(_mm256_sub_ps(magnitude, eb), zero), inv);
+    *usable = _mm256_and_ps(_mm256_cmp_ps(magnitude, zero, _CMP_GT_OQ), _mm256_cmp_ps(scaled, max_scaled, _CMP_LE_OQ));
+    __m256 in_range = _mm256_and_ps(*usable, scaled);
+    __m256i truncated = _mm256_cvttps_epi32(in_range);
+    __m256i round_up = _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ));
+    return _mm256_add_epi32(_mm256_sub_epi32(truncated, round_up), _mm256_set1_epi32(1));  // round_up is -1 or 0
+}
 inline void hp_sz_stats32_f32_abs(const float* x, hp_i64 blocks, const HpSzParams& p, hp_i64* sums) {
     const __m256 inv = _mm256_set1_ps((float)p.inv), eb = _mm256_set1_ps((float)p.eb), zero = _mm256_setzero_ps();
     const __m256 max_scaled = _mm256_set1_ps((float)(HPCDL_MAX_Q - 1)), step = _mm256_set1_ps((float)p.step);
@@ -440,13 +452,8 @@ inline void hp_sz_stats32_f32_abs(const float* x, hp_i64 blocks, const HpSzParam
         for (hp_i64 v = 4 * first; v < 4 * last; ++v) {
             __m256 xv = _mm256_loadu_ps(x + 8 * v);
             __m256 magnitude = _mm256_and_ps(xv, abs_mask);
-            // max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
-            __m256 scaled = _mm256_mul_ps(_mm256_max_ps(_mm256_sub_ps(magnitude, eb), zero), inv);
-            __m256 usable = _mm256_and_ps(_mm256_cmp_ps(magnitude, zero, _CMP_GT_OQ), _mm256_cmp_ps(scaled, max_scaled, _CMP_LE_OQ));
-            __m256 in_range = _mm256_and_ps(usable, scaled);
-            __m256i truncated = _mm256_cvttps_epi32(in_range);
-            __m256i round_up = _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ));
-            __m256i level = _mm256_add_epi32(_mm256_sub_epi32(truncated, round_up), one);  // round_up is -1 or 0
+            __m256 usable;
+            __m256i level = hp_level8_f32(magnitude, eb, inv, max_scaled, &usable);
             __m256 negative = _mm256_cmp_ps(xv, zero, _CMP_LT_OQ);
             __m256 is_one = _mm256_castsi256_ps(_mm256_cmpeq_epi32(level, one));
             __m256 level1 = _mm256_and_ps(usable, is_one), binned = _mm256_andnot_ps(is_one, usable);
@@ -949,14 +956,8 @@ inline hp_u32 hp_sz_quantize32_f32_abs(const float* xb, const HpSzParams& p, hp_
     hp_u32 outliers = 0;
     for (int v = 0; v < 4; ++v) {
         __m256 x = _mm256_loadu_ps(xb + 8 * v);
-        __m256 magnitude_x = _mm256_and_ps(x, abs_mask);
-        // the level as hp_level16_f32 computes it; max(NaN, 0) is 0, as the portable `above > 0 ? above : 0`
-        __m256 scaled = _mm256_mul_ps(_mm256_max_ps(_mm256_sub_ps(magnitude_x, eb), zero), inv);
-        __m256 usable = _mm256_and_ps(_mm256_cmp_ps(magnitude_x, zero, _CMP_GT_OQ), _mm256_cmp_ps(scaled, max_scaled, _CMP_LE_OQ));
-        __m256 in_range = _mm256_and_ps(usable, scaled);
-        __m256i truncated = _mm256_cvttps_epi32(in_range);
-        __m256i round_up = _mm256_castps_si256(_mm256_cmp_ps(_mm256_cvtepi32_ps(truncated), in_range, _CMP_LT_OQ));
-        __m256i level = _mm256_add_epi32(_mm256_sub_epi32(truncated, round_up), one);  // round_up is -1 or 0
+        __m256 usable;
+        __m256i level = hp_level8_f32(_mm256_and_ps(x, abs_mask), eb, inv, max_scaled, &usable);
         __m256 negative = _mm256_cmp_ps(x, zero, _CMP_LT_OQ);
         __m256i negative_i = _mm256_castps_si256(negative);
         __m256i code = _mm256_and_si256(_mm256_castps_si256(usable),
