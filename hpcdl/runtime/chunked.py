@@ -20,7 +20,9 @@ is open. A layer whose input exceeds ``chunk_bytes`` runs per chunk of samples:
 - a batch norm in training: its forward as before (one call, the same output and running statistics); in
   backward the per-channel sums of the incoming gradient and of its product with the centred input, one
   chunk at a time, then the input gradient one chunk at a time from the closed form
-  ``w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))``.
+  ``w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))``, computed in place in the
+  chunk's rows of the input gradient (the sums hold one chunk-sized temporary; the gradient none, where
+  the formula written out would hold up to three).
 
 The saved input is still saved once, through autograd's saved-tensor hooks, so a compressing session
 packs it (or shares an already packed copy) as before. In backward, each chunk of the input is read once;
@@ -145,10 +147,10 @@ class ChunkedBatchNorm(torch.autograd.Function):
         chunks = [slice(start, start + ctx.chunk) for start in range(0, x.shape[0], ctx.chunk)]
         sum_dy = torch.zeros_like(mean)
         sum_dy_centred = torch.zeros_like(mean)  # sum of dy * (x - mean), per channel
-        for rows in chunks:
+        for rows in chunks:  # one chunk-sized temporary at a time
             dy = grad_out[rows]
             sum_dy += dy.sum(dims)
-            sum_dy_centred += (dy * (x[rows] - centre)).sum(dims)
+            sum_dy_centred += (x[rows] - centre).mul_(dy).sum(dims)
         grad_x = None
         if need_x:
             count = x.numel() // x.shape[1]
@@ -156,8 +158,11 @@ class ChunkedBatchNorm(torch.autograd.Function):
             mean_dy = (sum_dy / count).view(per_channel)
             slope = (sum_dy_centred * invstd * invstd / count).view(per_channel)
             grad_x = x if ctx.claim(x) else torch.empty_like(x)
-            for rows in chunks:  # over x[rows] where x was claimed: this is its last use
-                grad_x[rows] = (grad_out[rows] - mean_dy - (x[rows] - centre) * slope) * scale
+            for rows in chunks:
+                # (dy - mean_dy - (x - mean) * slope) * scale, computed in the chunk's rows of grad_x: no
+                # temporary; where x was claimed, those rows are x's own, read here for the last time
+                part = torch.sub(x[rows], centre, out=grad_x[rows])
+                part.mul_(slope).sub_(grad_out[rows]).add_(mean_dy).mul_(-scale)
         grad_weight = sum_dy_centred * invstd if need_weight else None
         grad_bias = sum_dy if need_bias else None
         return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
