@@ -3,6 +3,7 @@
 import pytest
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hpcdl
@@ -175,6 +176,39 @@ def test_chunked_batch_norm_matches_plain_training(shape, affine, momentum):
 def chunked_training(norm, x, chunk_bytes):
     with chunked_layers(norm, chunk_bytes):
         return norm(x)
+
+
+def _most_bytes_allocated_during(run) -> int:
+    """The most bytes PyTorch's CPU allocator held at once while ``run()`` ran, above what it held before."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = []  # (time, bytes (negative: freed), allocator total after it)
+
+    def walk(node):
+        if type(node.extra_fields).__name__ == "_ExtraFields_Allocation":
+            events.append((node.start_time_ns, node.extra_fields.alloc_size, node.extra_fields.total_allocated))
+        for child in node.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    events.sort(key=lambda event: event[0])
+    before = events[0][2] - events[0][1]
+    return max(total for _, _, total in events) - before
+
+
+def test_chunked_batch_norm_backward_holds_no_chunk_sized_temporaries():
+    """The input's gradient is the only input-sized buffer; each chunk's gradient is computed in its rows (the
+    formula written out would hold up to three chunk-sized temporaries beside it)."""
+    norm = nn.BatchNorm2d(8)
+    x = torch.randn(4, 8, 64, 64, requires_grad=True)
+    with chunked_layers(norm, x[0].numel() * x.element_size()):
+        y = norm(x)
+    assert type(y.grad_fn).__name__ == "ChunkedBatchNormBackward"
+    dy = torch.randn_like(y)
+    held = _most_bytes_allocated_during(lambda: y.backward(dy))
+    gradient = x.numel() * x.element_size()
+    assert gradient <= held <= gradient + 4096  # + the per-channel sums and factors
 
 
 def test_batch_norm_in_evaluation_runs_plainly():
