@@ -158,11 +158,13 @@ class ChunkedBatchNorm(torch.autograd.Function):
             mean_dy = (sum_dy / count).view(per_channel)
             slope = (sum_dy_centred * invstd * invstd / count).view(per_channel)
             grad_x = x if ctx.claim(x) else torch.empty_like(x)
-            for rows in chunks:
-                # (dy - mean_dy - (x - mean) * slope) * scale, computed in the chunk's rows of grad_x: no
-                # temporary; where x was claimed, those rows are x's own, read here for the last time
-                part = torch.sub(x[rows], centre, out=grad_x[rows])
-                part.mul_(slope).sub_(grad_out[rows]).add_(mean_dy).mul_(-scale)
+            in_place = torch.promote_types(x.dtype, mean.dtype) == x.dtype  # not a half-precision input
+            for rows in chunks:  # where x was claimed, its rows are read here for the last time
+                if in_place:  # the formula below computed in the chunk's rows of grad_x: no temporary
+                    part = torch.sub(x[rows], centre, out=grad_x[rows])
+                    part.mul_(slope).sub_(grad_out[rows]).add_(mean_dy).mul_(-scale)
+                else:  # in the statistics' precision, rounded to the input's once
+                    grad_x[rows] = (grad_out[rows] - mean_dy - (x[rows] - centre) * slope) * scale
         grad_weight = sum_dy_centred * invstd if need_weight else None
         grad_bias = sum_dy if need_bias else None
         return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
