@@ -21,8 +21,9 @@ is open. A layer whose input exceeds ``chunk_bytes`` runs per chunk of samples:
   backward the per-channel sums of the incoming gradient and of its product with the centred input, one
   chunk at a time, then the input gradient one chunk at a time from the closed form
   ``w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))``, computed in place in the
-  chunk's rows of the input gradient (the sums hold one chunk-sized temporary; the gradient none, where
-  the formula written out would hold up to three).
+  chunk's rows of the input gradient for float32 and float64 inputs (the sums hold one chunk-sized temporary;
+  the gradient none, where the formula written out would hold up to three); a half-precision input's is
+  computed in the statistics' precision and rounded once.
 
 The saved input is still saved once, through autograd's saved-tensor hooks, so a compressing session
 packs it (or shares an already packed copy) as before. In backward, each chunk of the input is read once;
