@@ -72,6 +72,26 @@ def test_compression_never_raises_the_step_peak_above_the_baseline(batch, policy
     assert compressed.worst_bytes <= baseline.peak_bytes, (batch, compressed.worst_bytes, baseline.peak_bytes)
 
 
+def test_a_measuring_process_sends_each_steps_time_while_it_measures():
+    lines: list[str] = []
+    with memory.MeasuringProcess(threads=1, progress=lines.append) as process:
+        report = memory.peak(memory.TrainStep(SMALL_CNN, 2, None, warmup_steps=3), process=process)
+    assert report.peak_bytes > 0
+    assert [line.partition(": ")[0] for line in lines] == [
+        "warm-up step 1 of 3", "warm-up step 2 of 3", "warm-up step 3 of 3", "measured step"]
+    assert all(line.endswith(" s") for line in lines)  # "...: 0.1 s": none of these steps learned
+
+
+def test_step_progress_marks_learning_steps_and_stops_at_its_end():
+    lines: list[str] = []
+    step = memory.TrainStep(SMALL_CNN, 2, "adaptive", threshold=0)()
+    with memory.step_progress(lines.append):
+        step()  # an adaptive policy's first step probes its saved tensors' sensitivities
+    step()
+    (line,) = lines
+    assert line.startswith("warm-up step 1 of 1: ") and line.endswith("(a learning step: the method observed gradients)")
+
+
 def test_the_per_sample_peak_is_the_slope_between_the_two_largest_batches():
     """Scratch that grows only up to the thread count (one buffer per thread with a sample) must not count
     as a per-sample cost: batch 1 -> 2 adds 300 here, 2 -> 4 adds 100 a sample."""
@@ -145,6 +165,7 @@ def test_the_command_measures_writes_json_and_a_plot(tmp_path, capsys):
     assert "Step peak" in captured.out and "PROJECTED largest per-GPU batch" in captured.out
     assert "sz:rel=1e-2" in captured.out and "MLPerf HPC" in captured.out
     assert "[1] baseline: batch 1 peak" in captured.err and "s elapsed" in captured.err
+    assert "\n    warm-up step 1 of 1: " in captured.err and "\n    measured step: " in captured.err
 
 
 DRAWN: list[float] = []  # the first input value of every batch recording_batch drew

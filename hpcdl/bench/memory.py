@@ -192,7 +192,8 @@ def run_memory_benchmark(
     warmup_steps: int = 1,
     progress: Callable[[str], None] = lambda line: None,
 ) -> MemoryBenchReport:
-    """Measure every method (see the module docstring); ``progress`` gets one line per probe.
+    """Measure every method (see the module docstring); ``progress`` gets a line per probe, and an indented
+    line per step a probe runs (its time).
 
     Every probe runs ``warmup_steps`` steps before the measured one (see :class:`hpcdl.memory.TrainStep`).
     """
@@ -217,7 +218,10 @@ def run_memory_benchmark(
             raise MemoryBenchError(f"method {method.spec!r} offloads to host memory and needs --device cuda")
     workload = memory.Workload.of(model, scale=scale, options=dict(options or {}), input_shape=input_shape)
     _check_forward(workload)  # an unknown model, scale, option or input shape fails here, before any probe
-    process = memory.FreshProcesses(threads) if target.type == "cpu" else None
+    def step_line(line: str) -> None:
+        progress(f"    {line}")
+
+    process = memory.FreshProcesses(threads, progress=step_line) if target.type == "cpu" else None
     started = time.perf_counter()
     count = 0
 
@@ -235,7 +239,8 @@ def run_memory_benchmark(
         for batch in batches:
             progress(f"measuring {method.spec} at batch {batch} ...")
             setup = memory.TrainStep(workload, batch, device=device, method=runtime, warmup_steps=warmup_steps)
-            report = memory.peak(setup, device=device, process=process)
+            with memory.step_progress(step_line):  # on CUDA the steps run here
+                report = memory.peak(setup, device=device, process=process)
             measured(method.spec, batch, report)
             kind = report.method
             result.peaks.append({"batch": batch, "peak_bytes": report.peak_bytes,
@@ -253,10 +258,11 @@ def run_memory_benchmark(
         for text, budget in budgets:
             progress(f"searching the largest batch of {method.spec} within {text} ...")
             start = search_start(step, budget, limit)
-            search = memory.search_batch(
-                workload, None, budget, device=device, method=runtime, start=start, limit=limit,
-                process=process, warmup_steps=warmup_steps,
-                on_probe=functools.partial(measured, f"{method.spec} within {text}"))
+            with memory.step_progress(step_line):
+                search = memory.search_batch(
+                    workload, None, budget, device=device, method=runtime, start=start, limit=limit,
+                    process=process, warmup_steps=warmup_steps,
+                    on_probe=functools.partial(measured, f"{method.spec} within {text}"))
             result.searches.append({"budget": text, "budget_bytes": budget, "start": start, "batch": search.batch_size,
                                     "peak_bytes": search.peak_bytes, "hit_limit": search.hit_limit,
                                     "probes": [[batch, report.peak_bytes] for batch, report in search.probes]})

@@ -11,7 +11,8 @@ decompresses. So this package measures it, on the step the trainer runs
 - :mod:`~hpcdl.memory.allocator`: glibc tuning so that resident memory follows
   live tensors (a fresh process's environment, or ``mallopt`` in this one);
 - :mod:`~hpcdl.memory.step`: :class:`Workload` and :class:`TrainStep`, the
-  picklable description of one step (model, batch, method, optimizer);
+  picklable description of one step (model, batch, method, optimizer), whose steps log their times
+  (:func:`step_progress` shows them);
 - :mod:`~hpcdl.memory.process`: :func:`peak`, measuring on CUDA here and on the
   CPU in a fresh measuring process (:class:`MeasuringProcess`; :class:`FreshProcesses` starts one per
   measurement), after one
@@ -29,9 +30,10 @@ from hpcdl.memory.breakdown import StepParts, breakdown
 from hpcdl.memory.peak import PeakMemory, PeakReport
 from hpcdl.memory.process import FreshProcesses, MeasuringProcess, peak
 from hpcdl.memory.search import BatchSearch, max_batch, search_batch
-from hpcdl.memory.step import TrainStep, Workload
+from hpcdl.memory.step import TrainStep, Workload, step_progress
 
 __all__ = [
     "BatchSearch", "FreshProcesses", "MMAP_THRESHOLD", "MeasuringProcess", "PeakMemory", "PeakReport", "StepParts", "TrainStep",
     "Workload", "breakdown", "max_batch", "peak", "return_freed_memory_to_os", "search_batch",
+    "step_progress",
 ]

@@ -3,7 +3,8 @@
 The child process starts with :func:`hpcdl.memory.allocator.child_env`, reads pickled setups
 (e.g. :class:`hpcdl.memory.step.TrainStep`) from its stdin, measures each with
 :func:`hpcdl.memory.peak.measure_step` (one warm-up step, then the measured one) and writes the
-pickled :class:`~hpcdl.memory.peak.PeakReport` back.
+pickled :class:`~hpcdl.memory.peak.PeakReport` back, after a progress frame for every line its steps log
+(:func:`hpcdl.memory.step.step_progress`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from hpcdl.memory.allocator import child_env
 from hpcdl.memory.peak import PeakReport, measure_step
-from hpcdl.memory.step import TrainStep
+from hpcdl.memory.step import TrainStep, step_progress
 
 
 class MeasuringProcess:
@@ -28,9 +29,11 @@ class MeasuringProcess:
 
     Each measurement builds its own state and resets the high-water mark, so one process can serve many; pass it
     as ``process=`` to :func:`peak` and :func:`hpcdl.memory.search_batch` to pay for starting Python and torch once.
+    ``progress`` gets each line the measured steps log as they run (e.g. ``warm-up step 3 of 9: 212.4 s``).
     """
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, progress: Callable[[str], None] | None = None):
+        self.progress = progress
         env = {**os.environ, **child_env(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         threads = threads or torch.get_num_threads()
         self.process = subprocess.Popen(
@@ -45,11 +48,14 @@ class MeasuringProcess:
         try:
             self.requests.write(struct.pack("<Q", len(payload)) + payload)
             self.requests.flush()
-            reply = _read_frame(self.replies)
+            status, value = pickle.loads(_read_frame(self.replies))
+            while status == "progress":
+                if self.progress is not None:
+                    self.progress(value)
+                status, value = pickle.loads(_read_frame(self.replies))
         except (BrokenPipeError, EOFError):
             code = self.process.wait()
             raise RuntimeError(f"the measuring process died (exit status {code}); see its stderr above") from None
-        status, value = pickle.loads(reply)
         if status == "error":
             kind, message, trace = value
             error = {"ValueError": ValueError, "TypeError": TypeError}.get(kind, RuntimeError)
@@ -72,14 +78,15 @@ class FreshProcesses:
     """Measures every setup in a new :class:`MeasuringProcess`, closed after it: a probe inherits nothing
     (heap pages, caches) from the one before, at the price of starting Python and torch each time.
 
-    Pass it as ``process=`` wherever a :class:`MeasuringProcess` is taken.
+    Pass it as ``process=`` wherever a :class:`MeasuringProcess` is taken; ``progress`` as there.
     """
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, progress: Callable[[str], None] | None = None):
         self.threads = threads
+        self.progress = progress
 
     def peak(self, setup: Callable) -> PeakReport:
-        with MeasuringProcess(self.threads) as fresh:
+        with MeasuringProcess(self.threads, self.progress) as fresh:
             return fresh.peak(setup)
 
     def close(self) -> None:
@@ -98,23 +105,27 @@ def _read_frame(stream) -> bytes:
 
 
 def serve(threads: int) -> None:
-    """The child's loop: read a setup, measure it, write the report; until stdin closes."""
+    """The child's loop: read a setup, measure it (sending its steps' progress lines), write the report; until
+    stdin closes."""
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever the model prints goes to stderr, not into the reply stream
     torch.set_num_threads(threads)
-    while True:
-        try:
-            setup = pickle.loads(_read_frame(sys.stdin.buffer))
-        except EOFError:
-            return
-        reply: tuple[str, object]
-        try:
-            reply = ("ok", measure_step(setup, torch.device("cpu")))
-        except Exception as err:
-            reply = ("error", (type(err).__name__, str(err), traceback.format_exc()))
+
+    def send(reply: tuple[str, object]) -> None:
         payload = pickle.dumps(reply)
         replies.write(struct.pack("<Q", len(payload)) + payload)
         replies.flush()
+
+    with step_progress(lambda line: send(("progress", line))):
+        while True:
+            try:
+                setup = pickle.loads(_read_frame(sys.stdin.buffer))
+            except EOFError:
+                return
+            try:
+                send(("ok", measure_step(setup, torch.device("cpu"))))
+            except Exception as err:
+                send(("error", (type(err).__name__, str(err), traceback.format_exc())))
 
 
 def _device_of(setup) -> torch.device:

@@ -6,12 +6,19 @@ step's activation method. Everything in it must be picklable, because on the CPU
 a measuring subprocess: models are named by their ``hpcdl.models`` name, by ``"module:function"``,
 or given as module-level callables; the optimizer as a module-level factory (e.g. a
 ``functools.partial`` of ``hpcdl.train.optim.build_optimizer``).
+
+A step at a large input can take minutes, and a probe runs several: every step a :class:`TrainStep` runs
+logs its time (a warm-up step or the measured one) to :data:`log`, and :func:`step_progress` hands those
+lines to a callback, here or from a measuring process (:mod:`hpcdl.memory.process` sends them back).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
@@ -22,6 +29,34 @@ from hpcdl.runtime import methods
 from hpcdl.runtime.methods import ActivationMethod, Codec, Plain
 from hpcdl.runtime.policy import Policy, as_policy
 from hpcdl.runtime.session import DEFAULT_THRESHOLD
+
+#: Where every step a :class:`TrainStep` runs reports its time (INFO); see :func:`step_progress`.
+log = logging.getLogger(__name__)
+
+
+class _Forward(logging.Handler):
+    def __init__(self, callback: Callable[[str], None]):
+        super().__init__(logging.INFO)
+        self.callback = callback
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.callback(record.getMessage())
+
+
+@contextmanager
+def step_progress(callback: Callable[[str], None]) -> Iterator[None]:
+    """While inside, each line a :class:`TrainStep`'s steps log (one per step: warm-up or measured, its time)
+    goes to ``callback`` and nowhere else."""
+    handler, level, propagate = _Forward(callback), log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
 
 
 def _resolve(reference, what: str) -> Callable:
@@ -188,6 +223,7 @@ class TrainStep:
         name = f"{step_function.__module__}.{step_function.__qualname__}"
 
         probe = StepProbe(device)
+        steps_run = 0
 
         def loss_at_forward_end(output, target):
             loss = loss_fn(output, target)
@@ -195,9 +231,15 @@ class TrainStep:
             return loss
 
         def step(batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+            nonlocal steps_run
             inputs, targets = (x, y) if batch is None else batch
+            started = time.perf_counter()
             probe.start()
             result = step_function(model, method, inputs, targets, loss_at_forward_end, optimizer)
+            steps_run += 1
+            log.info("%s: %.1f s%s", f"warm-up step {steps_run} of {self.warmup_steps}"
+                     if steps_run <= self.warmup_steps else "measured step", time.perf_counter() - started,
+                     " (a learning step: the method observed gradients)" if result.observed_gradients else "")
             gradients = tensor_bytes([p.grad for p in model.parameters() if p.grad is not None])
             optimizer.zero_grad(set_to_none=True)
             stats = result.stats
