@@ -38,6 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def thread_count(text: str) -> int:
+    """The argparse type of every ``--threads``: a whole number of threads, at least 1 (torch would refuse 0 or
+    less with a traceback, and a measuring process would die of it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of threads >= 1, got {text!r}")
+    return value
+
+
 def check_command(argv: list[str]) -> None:
     """Raise ValueError saying why when ``hpcdl argv`` would not parse (e.g. a Slurm job's command line)."""
     messages = io.StringIO()

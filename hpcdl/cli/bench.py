@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from hpcdl.cli import thread_count
+
 BENCH_SUBCOMMAND_MODULES = ("hpcdl.cli.bench_training", "hpcdl.cli.bench_memory", "hpcdl.cli.bench_gradients")
 
 
@@ -46,7 +48,7 @@ def _register_codecs(bench_subparsers) -> None:
                         help="timing repeats; the best is reported (default 3, or 1 with --quick)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda; sz3 and zfp run on CPU only")
     parser.add_argument("--seed", type=int, default=0, help="seed for the model weights and input images")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch (and sz host kernel) threads for the run (default: torch's current setting)")
     parser.add_argument("--codecs", type=parse_codec_ids, default=(),
                         help="comma-separated codec ids to run, e.g. sz,cast (default: all)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hpcdl.cli import thread_count
+
 
 def register(bench_subparsers) -> None:
     parser = bench_subparsers.add_parser(
@@ -26,7 +28,7 @@ def register(bench_subparsers) -> None:
                         help="issue 13's reproductions to run first, comma-separated, or none "
                              "(default batchnorm,attention)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights, the batch and dropout (default 0)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's setting)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch threads (default: torch's setting)")
     parser.add_argument("--out", default="runs/bench-gradients", help="directory for bench-gradients.json and .txt")
     parser.set_defaults(handler=_run)
 

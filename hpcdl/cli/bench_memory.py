@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hpcdl.cli import thread_count
+
 
 def register(bench_subparsers) -> None:
     from hpcdl.bench.memory import DEFAULT_METHODS  # a constant of a module that imports no torch at load
@@ -28,7 +30,7 @@ def register(bench_subparsers) -> None:
                         help="comma-separated memory budgets for the batch search, e.g. 256MiB,1GiB (default none)")
     parser.add_argument("--limit", type=int, default=1 << 16, help="largest batch a search tries (default 65536)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads in each measuring process")
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch threads in each measuring process")
     parser.add_argument("--warmup-steps", type=int, default=1,
                         help="steps each probe runs before the measured one (default 1); more for a method whose "
                              "usual step comes later, e.g. an adaptive policy after a few probes")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from hpcdl.cli import thread_count
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -27,7 +29,7 @@ def register(subparsers) -> None:
     parser.add_argument("--start", type=int, default=1,
                         help="first batch to try; the search steps away from it by 1, 2, 4, ... (default: 1, doubling)")
     parser.add_argument("--limit", type=int, default=1 << 16, help="largest batch to try (default: 65536)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads in the measuring process")
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch threads in the measuring process")
     parser.set_defaults(handler=run)
 
 

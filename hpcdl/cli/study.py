@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hpcdl.cli import thread_count
+
 
 def _csv(text: str) -> list[str]:
     items = [item.strip() for item in text.split(",") if item.strip()]
@@ -59,7 +61,7 @@ def register(subparsers) -> None:
     run.add_argument("--out", required=True, help="study directory; results.jsonl and run directories go here")
     run.add_argument("--shard", default="0/1", metavar="I/N",
                      help="run only shard I of N (I from 0; e.g. $SLURM_ARRAY_TASK_ID/N); default 0/1")
-    run.add_argument("--threads", type=int, default=None,
+    run.add_argument("--threads", type=thread_count, default=None,
                      help="torch CPU threads per process (default: torch's choice); 1 steadies step times on a "
                           "busy machine")
     run.add_argument("--retry-failed", action="store_true", help="run again the runs recorded as failed")
@@ -93,8 +95,6 @@ def _run(args) -> int:
     if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
         raise ValueError(f"--steps-per-epoch must be >= 1, got {args.steps_per_epoch}")
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)

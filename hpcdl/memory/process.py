@@ -33,6 +33,9 @@ class MeasuringProcess:
     """
 
     def __init__(self, threads: int | None = None, progress: Callable[[str], None] | None = None):
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"a measuring process runs a whole number of torch threads >= 1 (or None: this "
+                             f"process's count), got {threads!r}")
         self.progress = progress
         env = {**os.environ, **child_env(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         threads = threads or torch.get_num_threads()
