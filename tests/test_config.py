@@ -31,6 +31,8 @@ def test_bad_type_and_bad_value_are_named():
         load_config({**MINIMAL, "train": {"epochs": 0}})
     with pytest.raises(ConfigError, match=r"'optimizer\.name' must be one of .*did you mean 'lamb'"):
         load_config({**MINIMAL, "optimizer": {"name": "lamd"}})
+    with pytest.raises(ConfigError, match=r"'compression\.method' must be one of \[.*\], got 'foo'$"):
+        load_config({**MINIMAL, "compression": {"method": "foo"}})  # the valid values once, not listed again
     with pytest.raises(ConfigError, match=r"'train\.batch' must be an integer or 'auto'"):
         load_config({**MINIMAL, "train": {"batch": "big"}})
     with pytest.raises(ConfigError, match=r"'model\.name' is required"):

@@ -130,7 +130,8 @@ def read_manifest(path: str | Path) -> Manifest:
     try:
         body = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise MalformedFileError(path, f"is not valid JSON ({err})") from None
+        raise MalformedFileError(path, f"is not valid JSON ({err}), so not a data set manifest; pass a directory "
+                                       "that holds a manifest.json (`hpcdl data make` writes one), or the manifest") from None
     if not isinstance(body, dict):
         raise MalformedFileError(path, "must hold a JSON object")
     missing = [key for key in _REQUIRED if key not in body]

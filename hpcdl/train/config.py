@@ -250,8 +250,9 @@ def _check_value(path: str, field: Field, value: Any) -> Any:
     if field.aliases and isinstance(value, str):
         value = dict(field.aliases).get(value, value)
     if field.choices and value not in field.choices:
+        close = difflib.get_close_matches(value, list(field.choices), n=1, cutoff=0.5) if isinstance(value, str) else []
         raise ConfigError(f"config key {path!r} must be one of {list(field.choices)}, got {value!r}"
-                          + (_suggest(value, list(field.choices), what="valid values") if isinstance(value, str) else ""))
+                          + (f"; did you mean {close[0]!r}?" if close else ""))
     if field.kind == "int" and field.maximum is None and abs(value) > MAX_INT:
         raise ConfigError(f"config key {path!r} must be an integer of at most {MAX_INT}, got {value!r}")
     if field.minimum is not None and value < field.minimum:
