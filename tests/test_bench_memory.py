@@ -160,12 +160,35 @@ def test_the_command_measures_writes_json_and_a_plot(tmp_path, capsys):
         fit = (method["per_sample_bytes"], method["fixed_bytes"])
         assert search["start"] == search_start(fit, 64 * 2**20, 2)  # 2 where the peak grows with the batch
         assert [batch for batch, _ in search["probes"]] == list(range(search["start"], 3))
-    assert baseline["per_sample_ratio_to_baseline"] == 1.0
+    assert baseline["per_sample_ratio_to_baseline"] == 1.0 and report["complete"] is True
     assert compressed["peaks"][-1]["activation_packed_bytes"] < compressed["peaks"][-1]["activation_original_bytes"]
     assert "Step peak" in captured.out and "PROJECTED largest per-GPU batch" in captured.out
     assert "sz:rel=1e-2" in captured.out and "MLPerf HPC" in captured.out
     assert "[1] baseline: batch 1 peak" in captured.err and "s elapsed" in captured.err
     assert "\n    warm-up step 1 of 1: " in captured.err and "\n    measured step: " in captured.err
+
+
+def test_a_stopped_run_keeps_every_probe_it_measured(tmp_path, monkeypatch):
+    """The JSON is written after every probe (marked incomplete), so hours of probes survive a run that dies."""
+    real_peak, batches_asked = memory.peak, []
+
+    def dies_at_the_third_probe(setup, **kw):
+        batches_asked.append(setup.batch_size)
+        if len(batches_asked) == 3:
+            raise RuntimeError("the measuring process died (exit status -9)")  # as when the OOM killer strikes
+        return real_peak(setup, **kw)
+
+    monkeypatch.setattr(memory, "peak", dies_at_the_third_probe)
+    with pytest.raises(RuntimeError, match="died"):
+        main(["bench", "memory", "--model", "hep-cnn", "--scale", "tiny", "--methods", "baseline,sz:rel=1e-2",
+              "--batches", "1,2", "--threads", "1", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "bench-memory.json").read_text())
+    assert report["complete"] is False and not (tmp_path / "bench-memory.png").exists()
+    (baseline,) = report["methods"]  # as written after the baseline's second probe: sz's first never ended
+    assert [peak["batch"] for peak in baseline["peaks"]] == [1, 2]
+    first, second = (peak["peak_bytes"] for peak in baseline["peaks"])
+    assert baseline["per_sample_bytes"] == second - first and baseline["projection"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bench-memory.json"]  # no staged file left
 
 
 DRAWN: list[float] = []  # the first input value of every batch recording_batch drew

@@ -29,7 +29,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,6 +97,9 @@ class MemoryBenchReport:
     projection_note: str
     mlperf_deepcam: dict
     warmup_steps: int = 1
+    #: False while probes are still to come (a report written as the run goes, :func:`run_memory_benchmark`'s
+    #: ``partial``): what it holds was measured, but the per-sample figures and searches may be missing.
+    complete: bool = True
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -191,9 +194,11 @@ def run_memory_benchmark(
     limit: int = 1 << 16,
     warmup_steps: int = 1,
     progress: Callable[[str], None] = lambda line: None,
+    partial: Callable[[MemoryBenchReport], object] | None = None,
 ) -> MemoryBenchReport:
     """Measure every method (see the module docstring); ``progress`` gets a line per probe, and an indented
-    line per step a probe runs (its time).
+    line per step a probe runs (its time); ``partial`` (if given) the report so far after every probe and
+    search, marked incomplete, so that a run stopped after hours keeps what it measured.
 
     Every probe runs ``warmup_steps`` steps before the measured one (see :class:`hpcdl.memory.TrainStep`).
     """
@@ -231,30 +236,36 @@ def run_memory_benchmark(
         progress(f"[{count}] {label}: batch {batch} peak {human_bytes(report.peak_bytes)} "
                  f"({time.perf_counter() - started:.1f} s elapsed)")
 
-    results = []
+    results: list[MethodResult] = []
     kind = "cuda_max_allocated" if target.type == "cuda" else "cpu_peak_rss"
+
+    def report(complete: bool) -> MemoryBenchReport:
+        return _report(results, complete, model=model, scale=scale, input_shape=input_shape, device=device,
+                       measurement=kind, batches=batches, budgets=budgets, warmup_steps=warmup_steps)
+
+    def save_partial() -> None:
+        if partial is not None:
+            partial(report(complete=False))
+
     for method in parsed:
         runtime = method.activation_method()
         result = MethodResult(method.spec, method.kind, runtime.describe())
+        results.append(result)
         for batch in batches:
             progress(f"measuring {method.spec} at batch {batch} ...")
             setup = memory.TrainStep(workload, batch, device=device, method=runtime, warmup_steps=warmup_steps)
             with memory.step_progress(step_line):  # on CUDA the steps run here
-                report = memory.peak(setup, device=device, process=process)
-            measured(method.spec, batch, report)
-            kind = report.method
-            result.peaks.append({"batch": batch, "peak_bytes": report.peak_bytes,
-                                 "activation_original_bytes": report.info["activation_original_bytes"],
-                                 "activation_packed_bytes": report.info["activation_packed_bytes"],
-                                 "breakdown": memory.breakdown(report),
-                                 "learning_steps": report.info.get("learning_steps", 0),
-                                 "learning_peak_bytes": report.info.get("learning_peak_bytes")})
+                peak = memory.peak(setup, device=device, process=process)
+            measured(method.spec, batch, peak)
+            kind = peak.method
+            result.peaks.append({"batch": batch, "peak_bytes": peak.peak_bytes,
+                                 "activation_original_bytes": peak.info["activation_original_bytes"],
+                                 "activation_packed_bytes": peak.info["activation_packed_bytes"],
+                                 "breakdown": memory.breakdown(peak),
+                                 "learning_steps": peak.info.get("learning_steps", 0),
+                                 "learning_peak_bytes": peak.info.get("learning_peak_bytes")})
+            save_partial()
         step = _per_sample(result.peaks, lambda row: row["peak_bytes"])
-        footprint = _per_sample(result.peaks, lambda row: row["breakdown"]["footprint"])
-        if step is not None and footprint is not None:
-            result.per_sample_bytes, result.fixed_bytes = step
-            result.footprint_per_sample_bytes, result.footprint_fixed_bytes = footprint
-            result.projection = project(*footprint)
         for text, budget in budgets:
             progress(f"searching the largest batch of {method.spec} within {text} ...")
             start = search_start(step, budget, limit)
@@ -265,8 +276,23 @@ def run_memory_benchmark(
                     on_probe=functools.partial(measured, f"{method.spec} within {text}"))
             result.searches.append({"budget": text, "budget_bytes": budget, "start": start, "batch": search.batch_size,
                                     "peak_bytes": search.peak_bytes, "hit_limit": search.hit_limit,
-                                    "probes": [[batch, report.peak_bytes] for batch, report in search.probes]})
-        results.append(result)
+                                    "probes": [[batch, probe.peak_bytes] for batch, probe in search.probes]})
+            save_partial()
+    return report(complete=True)
+
+
+def _report(results: list[MethodResult], complete: bool, *, model: str, scale: str,
+            input_shape: tuple[int, ...] | None, device: str, measurement: str, batches: tuple[int, ...],
+            budgets: tuple[tuple[str, int], ...], warmup_steps: int) -> MemoryBenchReport:
+    """The report of what ``results`` hold so far: each method's per-sample figures and projection from its
+    measured peaks, and their ratios to the baseline's."""
+    for result in results:
+        step = _per_sample(result.peaks, lambda row: row["peak_bytes"])
+        footprint = _per_sample(result.peaks, lambda row: row["breakdown"]["footprint"])
+        if step is not None and footprint is not None:
+            result.per_sample_bytes, result.fixed_bytes = step
+            result.footprint_per_sample_bytes, result.footprint_fixed_bytes = footprint
+            result.projection = project(*footprint)
     baseline = next((r for r in results if r.kind == "baseline" and r.per_sample_bytes), None)
     for result in results:
         if baseline is not None and result.per_sample_bytes is not None:
@@ -274,14 +300,15 @@ def run_memory_benchmark(
             result.per_sample_ratio_to_baseline = result.per_sample_bytes / baseline.per_sample_bytes
     return MemoryBenchReport(
         model=model, scale=scale, input_shape=list(input_shape) if input_shape else None, device=device,
-        measurement=kind, batches=list(batches),
-        budgets=[{"budget": text, "budget_bytes": budget} for text, budget in budgets], methods=results,
+        measurement=measurement, batches=list(batches),
+        budgets=[{"budget": text, "budget_bytes": budget} for text, budget in budgets],
+        methods=[replace(result, peaks=list(result.peaks), searches=list(result.searches)) for result in results],
         projection_note=(
             "PROJECTION, not a measurement: the largest batch b with resident(b) + step_peak(b) <= the device's "
             "memory, both taken as linear in b through the two largest measured batches. Bytes measured "
-            f"on {device} ({kind}); on a GPU this assumes the same bytes, and ignores the CUDA context, the caching "
-            "allocator's slack, cuDNN workspaces and mixed precision."),
-        mlperf_deepcam=MLPERF_DEEPCAM, warmup_steps=warmup_steps,
+            f"on {device} ({measurement}); on a GPU this assumes the same bytes, and ignores the CUDA context, the "
+            "caching allocator's slack, cuDNN workspaces and mixed precision."),
+        mlperf_deepcam=MLPERF_DEEPCAM, warmup_steps=warmup_steps, complete=complete,
     )
 
 
@@ -358,6 +385,16 @@ def format_report(report: MemoryBenchReport) -> str:
     return "\n".join(out)
 
 
+def write_json(report: MemoryBenchReport, out_dir: str | Path) -> Path:
+    """Write ``bench-memory.json`` (a partial report too: its ``complete`` says so), whole or not at all."""
+    folder = Path(out_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, staged = folder / "bench-memory.json", folder / "bench-memory.json.part"
+    staged.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    staged.replace(json_path)  # a run stopped while writing leaves the previous version, not half of this one
+    return json_path
+
+
 def write_report(report: MemoryBenchReport, out_dir: str | Path) -> tuple[Path, Path]:
     """Write ``bench-memory.json`` and ``bench-memory.png`` (peak vs batch, one line per method, budgets dashed)."""
     import matplotlib
@@ -365,10 +402,7 @@ def write_report(report: MemoryBenchReport, out_dir: str | Path) -> tuple[Path, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    folder = Path(out_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    json_path, png_path = folder / "bench-memory.json", folder / "bench-memory.png"
-    json_path.write_text(json.dumps(asdict(report), indent=2) + "\n")
+    json_path, png_path = write_json(report, out_dir), Path(out_dir) / "bench-memory.png"
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for result in report.methods:
         axes.plot([p["batch"] for p in result.peaks], [p["peak_bytes"] / 2**20 for p in result.peaks],

@@ -16,7 +16,7 @@ def register(bench_subparsers) -> None:
                     "probe in a new measuring process on the CPU), its breakdown, the per-sample peak and its ratio "
                     "to the baseline, the largest batch within each --budgets size, and a projection of the largest "
                     "per-GPU batch on A100 40/80 GB and H200 141 GB. Prints tables; writes bench-memory.json and "
-                    "bench-memory.png to --out.")
+                    "bench-memory.png to --out (the JSON after every probe too, marked incomplete until the end).")
     parser.add_argument("--model", required=True, help="an hpcdl.models name, e.g. deeplabv3p-climate (see `hpcdl models`)")
     parser.add_argument("--scale", default="small", help="model scale: tiny, small or full (default small)")
     parser.add_argument("--input-shape", default=None, metavar="CxHxW",
@@ -61,6 +61,7 @@ def _run(args: argparse.Namespace) -> int:
         parse_budgets,
         parse_input_shape,
         run_memory_benchmark,
+        write_json,
         write_report,
     )
     from hpcdl.train.method_spec import parse_methods
@@ -71,7 +72,8 @@ def _run(args: argparse.Namespace) -> int:
         args.model, args.scale, methods=args.methods, batches=batches, budgets=budgets,
         input_shape=parse_input_shape(args.input_shape), options=_options(args.option), device=args.device,
         threads=args.threads, limit=args.limit, warmup_steps=args.warmup_steps,
-        progress=lambda line: print(line, file=sys.stderr, flush=True))
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        partial=lambda so_far: write_json(so_far, args.out))
     print(format_report(report))
     json_path, png_path = write_report(report, args.out)
     print(f"\nwritten: {json_path}, {png_path}")
