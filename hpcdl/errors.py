@@ -13,6 +13,8 @@ hpcdl is missing here or does not derive from :class:`HpcdlError`:
 - data: ``DataError`` and its ``MissingFileError``, ``TruncatedFileError``, ``MalformedFileError``,
   ``ShapeError``, ``ValueRangeError`` (and its ``LabelRangeError``), ``NonFiniteError``, ``ChecksumError``
   (:mod:`hpcdl.data.errors`)
+- memory: ``MeasuringProcessError`` (:mod:`hpcdl.memory.process`; exit code 1: a measuring process killed or
+  crashed)
 - models: ``ModelError``, ``ModelOptionError`` (:mod:`hpcdl.models.registry`)
 - runtime: ``PolicySpecError`` (:mod:`hpcdl.runtime.policy`); ``VerificationError``, ``ReleasedError``,
   ``SavedTensorModifiedError`` (:mod:`hpcdl.runtime.session`), ``RecomputationError``

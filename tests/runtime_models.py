@@ -221,6 +221,14 @@ def allocating_setup(mebibytes: int):
     return step
 
 
+def killed_setup():
+    """A setup for hpcdl.memory.peak whose process is killed with SIGKILL, as the out-of-memory killer does."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def learning_then_usual_setup():
     """A setup for hpcdl.memory.peak whose step allocates 64 MiB and says it observed gradients (as a probe
     step does) for its first three calls (the warm-up and two measured steps), then allocates 8 MiB."""

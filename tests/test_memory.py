@@ -11,7 +11,7 @@ from hpcdl import memory
 from hpcdl.cli import main
 from hpcdl.memory import search
 
-from runtime_models import allocating_setup, learning_then_usual_setup, wide_cnn_batch
+from runtime_models import allocating_setup, killed_setup, learning_then_usual_setup, wide_cnn_batch
 
 MiB = 2**20
 SMALL_CNN = memory.Workload(
@@ -30,6 +30,12 @@ def test_peak_is_what_the_step_itself_allocates():
     assert 47 * MiB <= report.peak_bytes < 52 * MiB  # the step's 48 MiB, not the interpreter and torch before it
     assert report.before_bytes > 50 * MiB  # torch itself was resident before the step and is not counted
     assert report.info == {"sum": 48 * 2**18}
+
+
+def test_a_killed_measuring_process_is_a_run_error_that_says_how_it_ended():
+    with pytest.raises(memory.MeasuringProcessError, match="killed by SIGKILL .*out-of-memory killer") as caught:
+        memory.peak(killed_setup)
+    assert caught.value.exit_code == 1 and isinstance(caught.value, RuntimeError)
 
 
 @pytest.mark.slow

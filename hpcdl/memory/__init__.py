@@ -28,12 +28,12 @@ decompresses. So this package measures it, on the step the trainer runs
 from hpcdl.memory.allocator import MMAP_THRESHOLD, return_freed_memory_to_os
 from hpcdl.memory.breakdown import StepParts, breakdown
 from hpcdl.memory.peak import PeakMemory, PeakReport
-from hpcdl.memory.process import FreshProcesses, MeasuringProcess, peak
+from hpcdl.memory.process import FreshProcesses, MeasuringProcess, MeasuringProcessError, peak
 from hpcdl.memory.search import BatchSearch, max_batch, search_batch
 from hpcdl.memory.step import TrainStep, Workload, step_progress
 
 __all__ = [
-    "BatchSearch", "FreshProcesses", "MMAP_THRESHOLD", "MeasuringProcess", "PeakMemory", "PeakReport", "StepParts", "TrainStep",
+    "BatchSearch", "FreshProcesses", "MMAP_THRESHOLD", "MeasuringProcess", "MeasuringProcessError", "PeakMemory", "PeakReport", "StepParts", "TrainStep",
     "Workload", "breakdown", "max_batch", "peak", "return_freed_memory_to_os", "search_batch",
     "step_progress",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -19,9 +20,27 @@ from collections.abc import Callable
 
 import torch
 
+from hpcdl.errors import HpcdlRunError
 from hpcdl.memory.allocator import child_env
 from hpcdl.memory.peak import PeakReport, measure_step
 from hpcdl.memory.step import TrainStep, step_progress
+
+
+class MeasuringProcessError(HpcdlRunError, RuntimeError):
+    """The measuring process ended before it replied: killed (the kernel's out-of-memory killer, at a batch too
+    large for the machine), or crashed; its own stderr, above, says more."""
+
+
+def _death(code: int) -> str:
+    """How a child that exited with ``code`` ended, in words."""
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    oom = " (often the kernel's out-of-memory killer: a batch too large for this machine's memory)" if -code == signal.SIGKILL else ""
+    return f"was killed by {name}{oom}"
 
 
 class MeasuringProcess:
@@ -57,8 +76,8 @@ class MeasuringProcess:
                     self.progress(value)
                 status, value = pickle.loads(_read_frame(self.replies))
         except (BrokenPipeError, EOFError):
-            code = self.process.wait()
-            raise RuntimeError(f"the measuring process died (exit status {code}); see its stderr above") from None
+            raise MeasuringProcessError(f"the measuring process {_death(self.process.wait())} before it replied; "
+                                        "see its stderr above") from None
         if status == "error":
             kind, message, trace = value
             error = {"ValueError": ValueError, "TypeError": TypeError}.get(kind, RuntimeError)
