@@ -39,8 +39,9 @@ def _death(code: int) -> str:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
-    oom = " (often the kernel's out-of-memory killer: a batch too large for this machine's memory)" if -code == signal.SIGKILL else ""
-    return f"was killed by {name}{oom}"
+    if -code == signal.SIGKILL:
+        name += " (often the kernel's out-of-memory killer: a batch too large for this machine's memory)"
+    return f"was killed by {name}"
 
 
 class MeasuringProcess:
