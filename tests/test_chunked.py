@@ -173,6 +173,29 @@ def test_chunked_batch_norm_matches_plain_training(shape, affine, momentum):
     assert torch.autograd.gradcheck(lambda x: chunked_training(chunked, x, 3 * per_sample), (x,))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chunked_batch_norm_of_a_half_precision_input_rounds_its_gradients_once(dtype):
+    """A bf16/fp16 input with float32 statistics: the gradients are computed in float32 and rounded once, as plain
+    autograd's are (summing the incoming gradient in half precision put 4% of bf16's input gradient off)."""
+    plain, chunked = nn.BatchNorm2d(8), nn.BatchNorm2d(8)
+    for norm in (plain, chunked):
+        with torch.no_grad():
+            norm.weight.copy_(torch.linspace(0.5, 2.0, 8))
+            norm.bias.copy_(torch.linspace(-0.3, 0.3, 8))
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 8, 16, 16, generator=generator) * 3 + 1).to(dtype).requires_grad_()
+    dy = torch.randn(4, 8, 16, 16, generator=generator).to(dtype)
+    with chunked_layers(chunked, x[0].numel() * x.element_size()):
+        got = chunked(x)
+    assert type(got.grad_fn).__name__ == "ChunkedBatchNormBackward"
+    got_x, got_weight, got_bias = torch.autograd.grad(got, [x, chunked.weight, chunked.bias], dy)
+    want_x, want_weight, want_bias = torch.autograd.grad(plain(x), [x, plain.weight, plain.bias], dy)
+    assert got_x.dtype == dtype and (got_x == want_x).float().mean() > 0.999
+    torch.testing.assert_close(got_x, want_x)  # the rest within the dtype's rounding
+    torch.testing.assert_close(got_weight, want_weight, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_bias, want_bias, rtol=1e-5, atol=1e-5)
+
+
 def chunked_training(norm, x, chunk_bytes):
     with chunked_layers(norm, chunk_bytes):
         return norm(x)

@@ -150,7 +150,7 @@ class ChunkedBatchNorm(torch.autograd.Function):
         sum_dy_centred = torch.zeros_like(mean)  # sum of dy * (x - mean), per channel
         for rows in chunks:  # one chunk-sized temporary at a time
             dy = grad_out[rows]
-            sum_dy += dy.sum(dims)
+            sum_dy += dy.sum(dims, dtype=sum_dy.dtype)  # a half-precision sum would be rounded to 8 or 11 bits
             sum_dy_centred += (x[rows] - centre).mul_(dy).sum(dims)
         grad_x = None
         if need_x:
