@@ -16,7 +16,8 @@ is open. A layer whose input exceeds ``chunk_bytes`` runs per chunk of samples:
 
 - a convolution: its forward one chunk at a time, each chunk's output written into its rows of one output
   (in the first chunk's memory format); its backward one ``convolution_backward`` per chunk, each chunk's
-  input gradient written into its rows of one buffer, the weight and bias gradients summed over the chunks;
+  input gradient written into its rows of one buffer, the weight and bias gradients summed over the chunks
+  (in float32 for a half-precision weight, rounded to it once);
 - a batch norm in training: its forward as before (one call, the same output and running statistics); in
   backward the per-channel sums of the incoming gradient and of its product with the centred input, one
   chunk at a time, then the input gradient one chunk at a time from the closed form
@@ -98,6 +99,7 @@ class ChunkedConvolution(torch.autograd.Function):
         bias_sizes = [weight.shape[0]] if ctx.has_bias else None
         grad_x = (x if ctx.claim(x) else torch.empty_like(x)) if need_x else None
         grad_weight = grad_bias = None
+        total = torch.promote_types(weight.dtype, torch.float32)  # the chunks' weight and bias gradients sum in it
         for start in range(0, x.shape[0], ctx.chunk):
             rows = slice(start, start + ctx.chunk)
             part_x, part_weight, part_bias = torch.ops.aten.convolution_backward(
@@ -106,10 +108,12 @@ class ChunkedConvolution(torch.autograd.Function):
             if need_x:
                 grad_x[rows].copy_(part_x)  # over x[rows] where x was claimed: its last use was just above
             if mask[1]:
-                grad_weight = part_weight if grad_weight is None else grad_weight.add_(part_weight)
+                grad_weight = part_weight.to(total) if grad_weight is None else grad_weight.add_(part_weight)
             if mask[2]:
-                grad_bias = part_bias if grad_bias is None else grad_bias.add_(part_bias)
+                grad_bias = part_bias.to(total) if grad_bias is None else grad_bias.add_(part_bias)
             del part_x  # before the next chunk's is allocated
+        grad_weight = None if grad_weight is None else grad_weight.to(weight.dtype)  # a half-precision weight's
+        grad_bias = None if grad_bias is None else grad_bias.to(weight.dtype)        # sums rounded once, at the end
         return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
 
 
