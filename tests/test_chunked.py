@@ -174,11 +174,13 @@ def test_chunked_batch_norm_matches_plain_training(shape, affine, momentum):
     assert torch.autograd.gradcheck(lambda x: chunked_training(chunked, x, 3 * per_sample), (x,))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_chunked_batch_norm_of_a_half_precision_input_rounds_its_gradients_once(dtype):
-    """A bf16/fp16 input with float32 statistics: the gradients are computed in float32 and rounded once, as plain
-    autograd's are (summing the incoming gradient in half precision put 4% of bf16's input gradient off)."""
-    plain, chunked = nn.BatchNorm2d(8), nn.BatchNorm2d(8)
+@pytest.mark.parametrize("dtype, parameters", [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                               (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)])
+def test_chunked_batch_norm_of_a_half_precision_input_rounds_its_gradients_once(dtype, parameters):
+    """A bf16/fp16 input, with float32 or half-precision parameters and statistics: the gradients are computed in
+    float32 and rounded once, as plain autograd's are (summing the incoming gradient in half precision put 4% of
+    bf16's input gradient off; computing in a half-precision model's statistics' precision, 39%)."""
+    plain, chunked = nn.BatchNorm2d(8).to(parameters), nn.BatchNorm2d(8).to(parameters)
     for norm in (plain, chunked):
         with torch.no_grad():
             norm.weight.copy_(torch.linspace(0.5, 2.0, 8))

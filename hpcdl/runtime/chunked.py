@@ -24,7 +24,8 @@ is open. A layer whose input exceeds ``chunk_bytes`` runs per chunk of samples:
   ``w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))``, computed in place in the
   chunk's rows of the input gradient for float32 and float64 inputs (the sums hold one chunk-sized temporary;
   the gradient none, where the formula written out would hold up to three); a half-precision input's is
-  computed in the statistics' precision and rounded once.
+  computed in float32 (the statistics' precision, or float32 where a half-precision model's statistics are
+  half precision too) and rounded once.
 
 The saved input is still saved once, through autograd's saved-tensor hooks, so a compressing session
 packs it (or shares an already packed copy) as before. In backward, each chunk of the input is read once;
@@ -148,13 +149,15 @@ class ChunkedBatchNorm(torch.autograd.Function):
         need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
         per_channel = (1, -1) + (1,) * (x.dim() - 2)
         dims = [0, *range(2, x.dim())]
+        exact = torch.promote_types(mean.dtype, torch.float32)  # what sums and factors are computed in
+        mean, invstd = mean.to(exact), invstd.to(exact)  # a half-precision model's statistics: half precision
         centre = mean.view(per_channel)
         chunks = [slice(start, start + ctx.chunk) for start in range(0, x.shape[0], ctx.chunk)]
         sum_dy = torch.zeros_like(mean)
         sum_dy_centred = torch.zeros_like(mean)  # sum of dy * (x - mean), per channel
         for rows in chunks:  # one chunk-sized temporary at a time
             dy = grad_out[rows]
-            sum_dy += dy.sum(dims, dtype=sum_dy.dtype)  # a half-precision sum would be rounded to 8 or 11 bits
+            sum_dy += dy.sum(dims, dtype=exact)  # a half-precision sum would be rounded to 8 or 11 bits
             sum_dy_centred += (x[rows] - centre).mul_(dy).sum(dims)
         grad_x = None
         if need_x:
@@ -163,7 +166,7 @@ class ChunkedBatchNorm(torch.autograd.Function):
             mean_dy = (sum_dy / count).view(per_channel)
             slope = (sum_dy_centred * invstd * invstd / count).view(per_channel)
             grad_x = x if ctx.claim(x) else torch.empty_like(x)
-            in_place = torch.promote_types(x.dtype, mean.dtype) == x.dtype  # not a half-precision input
+            in_place = torch.promote_types(x.dtype, exact) == x.dtype  # not a half-precision input
             for rows in chunks:  # where x was claimed, its rows are read here for the last time
                 if in_place:  # the formula below computed in the chunk's rows of grad_x: no temporary
                     part = torch.sub(x[rows], centre, out=grad_x[rows])
