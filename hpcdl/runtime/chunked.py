@@ -24,8 +24,8 @@ is open. A layer whose input exceeds ``chunk_bytes`` runs per chunk of samples:
   ``w * invstd * (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean)))``, computed in place in the
   chunk's rows of the input gradient for float32 and float64 inputs (the sums hold one chunk-sized temporary;
   the gradient none, where the formula written out would hold up to three); a half-precision input's is
-  computed in float32 (the statistics' precision, or float32 where a half-precision model's statistics are
-  half precision too) and rounded once.
+  computed in float32 (its statistics too, where a half-precision model has them in half precision) and
+  rounded once.
 
 The saved input is still saved once, through autograd's saved-tensor hooks, so a compressing session
 packs it (or shares an already packed copy) as before. In backward, each chunk of the input is read once;
@@ -150,7 +150,7 @@ class ChunkedBatchNorm(torch.autograd.Function):
         per_channel = (1, -1) + (1,) * (x.dim() - 2)
         dims = [0, *range(2, x.dim())]
         exact = torch.promote_types(mean.dtype, torch.float32)  # what sums and factors are computed in
-        mean, invstd = mean.to(exact), invstd.to(exact)  # a half-precision model's statistics: half precision
+        mean, invstd = mean.to(exact), invstd.to(exact)  # widened where a half-precision model has them in half
         centre = mean.view(per_channel)
         chunks = [slice(start, start + ctx.chunk) for start in range(0, x.shape[0], ctx.chunk)]
         sum_dy = torch.zeros_like(mean)
