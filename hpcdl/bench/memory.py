@@ -223,6 +223,7 @@ def run_memory_benchmark(
             raise MemoryBenchError(f"method {method.spec!r} offloads to host memory and needs --device cuda")
     workload = memory.Workload.of(model, scale=scale, options=dict(options or {}), input_shape=input_shape)
     _check_forward(workload)  # an unknown model, scale, option or input shape fails here, before any probe
+
     def step_line(line: str) -> None:
         progress(f"    {line}")
 
@@ -230,10 +231,10 @@ def run_memory_benchmark(
     started = time.perf_counter()
     count = 0
 
-    def measured(label: str, batch: int, report) -> None:
+    def measured(label: str, batch: int, peak) -> None:
         nonlocal count
         count += 1
-        progress(f"[{count}] {label}: batch {batch} peak {human_bytes(report.peak_bytes)} "
+        progress(f"[{count}] {label}: batch {batch} peak {human_bytes(peak.peak_bytes)} "
                  f"({time.perf_counter() - started:.1f} s elapsed)")
 
     results: list[MethodResult] = []
