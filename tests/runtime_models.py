@@ -229,6 +229,23 @@ def killed_setup():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class TwoArgumentError(Exception):
+    """An exception pickle cannot rebuild: its ``__init__`` takes two arguments, its ``args`` hold one message."""
+
+    def __init__(self, what, why):
+        super().__init__(f"{what}: {why}")
+
+
+def failing_setup(kind):
+    """A setup for hpcdl.memory.peak that raises in its measuring process: an hpcdl error (``"hpcdl"``) or an
+    exception pickle cannot rebuild (``"unpicklable"``)."""
+    from hpcdl.train.config import ConfigError
+
+    if kind == "hpcdl":
+        raise ConfigError("model.depth must be >= 1, got 0")
+    raise TwoArgumentError("the step", "failed")
+
+
 def learning_then_usual_setup():
     """A setup for hpcdl.memory.peak whose step allocates 64 MiB and says it observed gradients (as a probe
     step does) for its first three calls (the warm-up and two measured steps), then allocates 8 MiB."""

@@ -10,8 +10,9 @@ import torch
 from hpcdl import memory
 from hpcdl.cli import main
 from hpcdl.memory import search
+from hpcdl.train.config import ConfigError
 
-from runtime_models import allocating_setup, killed_setup, learning_then_usual_setup, wide_cnn_batch
+from runtime_models import allocating_setup, failing_setup, killed_setup, learning_then_usual_setup, wide_cnn_batch
 
 MiB = 2**20
 SMALL_CNN = memory.Workload(
@@ -36,6 +37,18 @@ def test_a_killed_measuring_process_is_a_run_error_that_says_how_it_ended():
     with pytest.raises(memory.MeasuringProcessError, match="killed by SIGKILL .*out-of-memory killer") as caught:
         memory.peak(killed_setup)
     assert caught.value.exit_code == 1 and isinstance(caught.value, RuntimeError)
+
+
+def test_an_error_in_the_measuring_process_is_raised_here_as_itself_with_its_traceback_as_a_note():
+    with pytest.raises(ConfigError) as caught:  # (pytest's match= would also search the notes)
+        memory.peak(functools.partial(failing_setup, "hpcdl"))
+    assert str(caught.value) == "model.depth must be >= 1, got 0"
+    assert caught.value.exit_code == 2  # the command reports it in one line, as an error in the user's input
+    (note,) = caught.value.__notes__
+    assert note.startswith("raised in the measuring process:") and "in failing_setup" in note
+    with pytest.raises(RuntimeError) as caught:
+        memory.peak(functools.partial(failing_setup, "unpicklable"))
+    assert str(caught.value) == "TwoArgumentError: the step: failed" and "in failing_setup" in caught.value.__notes__[0]
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ The child process starts with :func:`hpcdl.memory.allocator.child_env`, reads pi
 (e.g. :class:`hpcdl.memory.step.TrainStep`) from its stdin, measures each with
 :func:`hpcdl.memory.peak.measure_step` (one warm-up step, then the measured one) and writes the
 pickled :class:`~hpcdl.memory.peak.PeakReport` back, after a progress frame for every line its steps log
-(:func:`hpcdl.memory.step.step_progress`).
+(:func:`hpcdl.memory.step.step_progress`). An error in a measurement comes back as the same exception, raised
+here with the child's traceback as a note.
 """
 
 from __future__ import annotations
@@ -80,9 +81,7 @@ class MeasuringProcess:
             raise MeasuringProcessError(f"the measuring process {_death(self.process.wait())} before it replied; "
                                         "see its stderr above") from None
         if status == "error":
-            kind, message, trace = value
-            error = {"ValueError": ValueError, "TypeError": TypeError}.get(kind, RuntimeError)
-            raise error(f"{message}\n(in the measuring process:)\n{trace}" if error is RuntimeError else message)
+            raise value
         return value
 
     def close(self) -> None:
@@ -148,7 +147,22 @@ def serve(threads: int) -> None:
             try:
                 send(("ok", measure_step(setup, torch.device("cpu"))))
             except Exception as err:
-                send(("error", (type(err).__name__, str(err), traceback.format_exc())))
+                send(("error", _portable(err, traceback.format_exc())))
+
+
+def _portable(err: Exception, trace: str) -> Exception:
+    """``err`` as the parent will raise it: the same class and message (an ``HpcdlError`` stays one line at the
+    command, with its exit code), with the child's traceback as a note; a ``RuntimeError`` naming the class
+    where the exception does not survive pickling."""
+    note = f"raised in the measuring process:\n{trace}"
+    try:
+        copy = pickle.loads(pickle.dumps(err))
+        if type(copy) is not type(err):
+            raise TypeError("not the same class after pickling")
+    except Exception:
+        copy = RuntimeError(f"{type(err).__name__}: {err}")
+    copy.add_note(note)
+    return copy
 
 
 def _device_of(setup) -> torch.device:
