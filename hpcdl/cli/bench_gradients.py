@@ -21,9 +21,10 @@ def register(bench_subparsers) -> None:
     parser.add_argument("--scale", default="full", help="model scale: tiny, small or full (default full: the "
                                                         "published configuration at its real input size)")
     parser.add_argument("--batch", type=int, default=2, help="samples per batch (default 2)")
-    parser.add_argument("--policies", default="sz:rel=1e-2,sz:rel=1e-3,adaptive",
+    parser.add_argument("--policies", default=None,
                         help="method specs separated by commas (or by ; when a spec has commas); 'default' names "
-                             "hpcdl's default policy (default sz:rel=1e-2,sz:rel=1e-3,adaptive)")
+                             "hpcdl's default policy (default: hpcdl.bench.gradients.DEFAULT_POLICIES, "
+                             "sz:rel=1e-2,sz:rel=1e-3,adaptive)")
     parser.add_argument("--cases", default="batchnorm,attention",
                         help="issue 13's reproductions to run first, comma-separated, or none "
                              "(default batchnorm,attention)")
@@ -40,12 +41,13 @@ def _names(text: str) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     import sys
 
-    from hpcdl.bench.gradients import format_report, parse_policies, run_gradient_benchmark, write_report
+    from hpcdl.bench.gradients import (
+        DEFAULT_POLICIES, format_report, parse_policies, run_gradient_benchmark, write_report)
     from hpcdl.models import names
 
     models = names() if args.models == "all" else _names(args.models)
     report = run_gradient_benchmark(
-        models, args.scale, args.batch, parse_policies(args.policies), cases=_names(args.cases), seed=args.seed,
+        models, args.scale, args.batch, parse_policies(args.policies or ",".join(DEFAULT_POLICIES)), cases=_names(args.cases), seed=args.seed,
         threads=args.threads, progress=lambda line: print(line, file=sys.stderr, flush=True),
         on_result=lambda partial: write_report(partial, args.out))
     print(format_report(report))

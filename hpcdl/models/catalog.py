@@ -25,10 +25,6 @@ CLIMATE_SAMPLE_SHAPE = (6, 96, 144)  # climate-sample: channels, height, width
 JET_IMAGE_SAMPLE_SHAPE = (1, 32, 32)  # hep-sample, features="images"
 JET_CONSTITUENTS_SAMPLE_SHAPE = (64, 5)  # hep-sample, features="constituents": delta_eta, delta_phi, log pT, log E, mask
 DEEPCAM_INPUT = (16, 768, 1152)
-# The names these had while they were fallbacks for an uninstalled sample; kept for one release.
-CLIMATE_SAMPLE_FALLBACK = CLIMATE_SAMPLE_SHAPE
-JET_IMAGE_FALLBACK = JET_IMAGE_SAMPLE_SHAPE
-JET_CONSTITUENTS_FALLBACK = JET_CONSTITUENTS_SAMPLE_SHAPE
 
 
 def _climate_scales() -> dict[str, Scale]:
