@@ -42,7 +42,12 @@ def _run(args: argparse.Namespace) -> int:
     import sys
 
     from hpcdl.bench.gradients import (
-        DEFAULT_POLICIES, format_report, parse_policies, run_gradient_benchmark, write_report)
+        DEFAULT_POLICIES,
+        format_report,
+        parse_policies,
+        run_gradient_benchmark,
+        write_report,
+    )
     from hpcdl.models import names
 
     models = names() if args.models == "all" else _names(args.models)
