@@ -51,8 +51,9 @@ def _run(args: argparse.Namespace) -> int:
     from hpcdl.models import names
 
     models = names() if args.models == "all" else _names(args.models)
+    policies = parse_policies(args.policies or ",".join(DEFAULT_POLICIES))
     report = run_gradient_benchmark(
-        models, args.scale, args.batch, parse_policies(args.policies or ",".join(DEFAULT_POLICIES)), cases=_names(args.cases), seed=args.seed,
+        models, args.scale, args.batch, policies, cases=_names(args.cases), seed=args.seed,
         threads=args.threads, progress=lambda line: print(line, file=sys.stderr, flush=True),
         on_result=lambda partial: write_report(partial, args.out))
     print(format_report(report))
