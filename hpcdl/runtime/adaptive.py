@@ -367,14 +367,13 @@ class AdaptiveController(Controller):
                             if in_effect else {})
             # nothing sz changes in an all-zero slot: no effect to measure
             to_measure = [key for key in self._to_measure(exact.slots) if exact.slots[key].trial_mse > 0]
+            without_effect = [key for key, slot in self.slots.items()
+                              if key in exact.slots and exact.slots[key].trial_mse > 0
+                              and slot.measured_at >= 0 and not slot.sensitivity and key not in to_measure]
+            silent = _silent(to_measure, exact, closed)
             measure = _Measurement(replayer, exact, owners, closed)
-            measure.together([key for key in to_measure if key in closed])
-            for key in to_measure:
-                if key not in closed:
-                    measure.together([key])
-            measure.still_without_effect([key for key, slot in self.slots.items()
-                                          if key in exact.slots and exact.slots[key].trial_mse > 0
-                                          and slot.measured_at >= 0 and not slot.sensitivity and key not in to_measure])
+            measure.without_effect(without_effect + silent)
+            measure.each([key for key in to_measure if key not in silent])
             for key, (sensitivity, calibration) in measure.results.items():
                 slot = self.slots[key]
                 slot.sensitivity, slot.closed_form = sensitivity, calibration is not None
@@ -716,6 +715,22 @@ def _deviation(perturbed: Replay, exact: Replay, owners: list[str]) -> dict[str,
     return deviation
 
 
+def _silent(keys: list[str], exact: Replay, closed: Mapping[str, dict[str, float]]) -> list[str]:
+    """The slots of ``keys`` whose module call's outputs got no gradient in the exact replay's backward.
+
+    Backward is linear in the gradient it brings: where it brings none to the outputs of a module's call, the
+    operations the call saved tensors for pass on zeros whatever those tensors hold, so its slots have no effect
+    (the layers of a residual branch behind a batch norm whose weight is still 0, and the calls of a ReLU module
+    the branch shares with the block). The call is that of a slot's first save, and another call may save the
+    same tensor again (a ReLU's output, saved by the convolution reading it): so the slots are confirmed without
+    effect together, by one replay, and not assumed to be. A slot with a closed form has a convolution's
+    nonzero output gradient behind it, so it is not one."""
+    if exact.live_calls is None:
+        return []
+    return [key for key in keys
+            if key not in closed and (key.rpartition("#")[0], exact.slots[key].call) not in exact.live_calls]
+
+
 def _closed_forms(exact: Replay) -> dict[str, dict[str, float]]:
     """Per slot that is the input of Linear/Conv calls: module -> fan_in * ||delta||^2 summed over those calls.
 
@@ -754,6 +769,13 @@ class _Measurement:
         #: slot -> (its sensitivity per module, the closed form's calibration or None where it does not hold)
         self.results: dict[str, tuple[dict[str, float], float | None]] = {}
 
+    def each(self, keys: list[str]) -> None:
+        """Measure each of ``keys``: those with a closed form in one replay (:meth:`together`), the rest alone."""
+        self.together([key for key in keys if key in self.closed])
+        for key in keys:
+            if key not in self.closed:
+                self.together([key])
+
     def together(self, keys: list[str]) -> None:
         """Measure ``keys`` in one replay, or each alone where their closed forms do not all hold."""
         if not keys:
@@ -772,23 +794,26 @@ class _Measurement:
         for key, calibration in calibrations.items():
             self.results[key] = ({m: calibration * v for m, v in self.closed[key].items()}, calibration)
 
-    def still_without_effect(self, keys: list[str]) -> None:
-        """Slots whose last measurement moved no gradient, compressed together at their bounds in effect in one
-        replay: if still no gradient moves, none has an effect (and their bounds may grow again); else each is
-        measured alone.
+    def without_effect(self, keys: list[str]) -> None:
+        """Slots expected to have no effect, compressed together at their trial bounds in one replay: if no
+        gradient moves, none has an effect (and their bounds may grow). Else the ones whose module call got no
+        gradient (:func:`_silent`) are tried together again, where they are not all of them, and the rest are
+        measured as :meth:`each` measures.
 
-        Such a slot is a ReLU output that only its own backward reads (as a sign), or a tensor behind a batch
-        norm whose weight is 0, as a residual branch starts. Without a fresh measurement a bound without effect
-        grows GROWTH-fold every probe up to ``max_rel``, and would stay there after the branch came alive."""
+        They are the slots of such calls never measured, and those whose last measurement moved no gradient: a
+        ReLU output that only its own backward reads (as a sign), or a tensor behind a batch norm whose weight is
+        0, as a residual branch starts. Without a fresh measurement a bound without effect grows GROWTH-fold
+        every probe up to ``max_rel``, and would stay there after the branch came alive."""
         if not keys:
             return
         self.replays += 1
-        perturbed = self.replayer.run(self._perturbing(keys))
-        if not _deviation(perturbed, self.exact, self.owners):
+        if not _deviation(self.replayer.run(self._perturbing(keys)), self.exact, self.owners):
             self.results.update((key, ({}, None)) for key in keys)
             return
-        for key in keys:
-            self.together([key])
+        silent = _silent(keys, self.exact, self.closed)
+        if len(silent) < len(keys):
+            self.without_effect(silent)
+        self.each([key for key in keys if key not in self.results])
 
     def _perturbing(self, keys: list[str]) -> RecordingPolicy:
         """A replay's policy that compresses ``keys`` with sz at their bounds of the exact replay, the rest exact."""

@@ -216,6 +216,7 @@ class SlotRecord:
     channels: int | None = None  # a batch norm's input: the encoded tensor's channel dim; then every number above
                                  # but numel, nonzero and nbytes is of the tensor in channel units (in_channel_units)
     sample: KeptSample | None = None  # what the trial encodes encoded, where the policy keeps it (keep_samples)
+    call: int = 0  # which call of its module saved it first (its index among the module's calls in the forward)
 
 
 @dataclass
@@ -251,6 +252,9 @@ class Replay:
     layer_calls: list[LayerCall] = field(default_factory=list)
     held_bytes: float = 0.0  # what the replay's session counted as held (packed or kept), every saved tensor once
     scale: float = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
+    # the module calls (module, index of its call) some output of which backward brought a nonzero gradient, where
+    # layer_calls were recorded in a forward (the exact replay); None: not recorded
+    live_calls: set[tuple[str, int]] | None = None
 
 
 def in_channel_units(tensor: torch.Tensor, channels: int) -> torch.Tensor:
@@ -307,6 +311,7 @@ class RecordingPolicy(Policy):
         self.slots: dict[str, SlotRecord] = {}
         self.whole_numel = whole_numel or {}  # slot -> its element count in the training step (of the whole batch)
         self.rows, self.scale = 0, 1.0  # set by the Replayer: replayed samples (0: all), whole batch / rows
+        self.started: dict[str, int] = {}  # set by the Replayer: per module, the calls its forward has begun
         self._key = ""
 
     def counted_bytes(self, tensor: torch.Tensor, nbytes: int) -> int:
@@ -323,8 +328,9 @@ class RecordingPolicy(Policy):
             return info
         self._key = self.names.next(module, self.step)
         if self.trial_bounds is not None:
-            self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key),
-                                                 channels if self.per_channel else None)
+            record = self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key),
+                                                          channels if self.per_channel else None)
+            record.call = self.started.get(module, 1) - 1
         return SlotInfo(**{f.name: getattr(info, f.name) for f in fields(info)}, slot=self._key)
 
     def codec_for(self, info: SavedTensorInfo):
@@ -385,27 +391,37 @@ class RecordingPolicy(Policy):
 
 class _Backward:
     """Where each backward through a replayed forward's graph records its Linear/Conv output gradients' squared
-    norms: ``calls`` (a list like the forward's, one LayerCall per call), or nowhere while it is None."""
+    norms: ``calls`` (a list like the forward's, one LayerCall per call), and the module calls some output of which
+    got a nonzero gradient: ``live`` (module, index of its call); nowhere while they are None."""
 
-    def __init__(self, calls: list[LayerCall] | None):
-        self.calls = calls
+    def __init__(self, calls: list[LayerCall] | None, live: set[tuple[str, int]] | None = None):
+        self.calls, self.live = calls, live
 
 
 @contextlib.contextmanager
-def _layer_calls(model: nn.Module, calls: list[LayerCall], backward: _Backward) -> Iterator[None]:
+def _layer_calls(model: nn.Module, calls: list[LayerCall], backward: _Backward,
+                 started: dict[str, int]) -> Iterator[None]:
     """Record each Linear/Conv call's input storage in ``calls``, and in every backward through the graph its
-    output gradient's squared norm where ``backward`` says."""
+    output gradient's squared norm, and which module calls' outputs got a nonzero gradient, where ``backward``
+    says; count in ``started`` the calls each module's forward has begun."""
     handles = []
-    running: dict[int, int] = {}  # id(module) -> the index of its call in progress, paired with its output
+    running: dict[int, list[int]] = {}  # id(module) -> the indices of its calls in progress (in started's count)
+    layer_call: dict[int, int] = {}  # id(module) -> the index in ``calls`` of its Linear/Conv call in progress
 
-    def watcher(name: str, fan_in: int):
+    def watcher(name: str, fan_in: int | None):
         def before(module, args):
-            if args and isinstance(args[0], torch.Tensor):
-                running[id(module)] = len(calls)
+            running.setdefault(id(module), []).append(started.get(name, 0))
+            started[name] = started.get(name, 0) + 1
+            if fan_in is not None and args and isinstance(args[0], torch.Tensor):
+                layer_call[id(module)] = len(calls)
                 calls.append(LayerCall(name, fan_in, _storage_of(args[0])))
 
         def after(module, args, output):
-            index = running.pop(id(module), None)
+            call = (name, running[id(module)].pop())
+            for tensor in _tensors(output):
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda grad: _mark_live(backward.live, call, grad))
+            index = layer_call.pop(id(module), None)
             if index is not None and isinstance(output, torch.Tensor) and output.requires_grad:
                 def grad_norm(grad: torch.Tensor) -> None:
                     if backward.calls is not None:
@@ -414,14 +430,21 @@ def _layer_calls(model: nn.Module, calls: list[LayerCall], backward: _Backward) 
         return before, after
 
     for name, module in model.named_modules():
-        if isinstance(module, CLOSED_FORM_LAYERS):
-            before, after = watcher(name or ROOT, module.weight[0].numel())
-            handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+        fan_in = module.weight[0].numel() if isinstance(module, CLOSED_FORM_LAYERS) else None
+        before, after = watcher(name or ROOT, fan_in)
+        handles += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
     try:
         yield
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _mark_live(live: set[tuple[str, int]] | None, call: tuple[str, int], grad: torch.Tensor) -> None:
+    """Add ``call`` (module, call index) to ``live`` (where it is recorded) when ``grad``, the gradient of one of
+    its outputs, is not all zero."""
+    if live is not None and call not in live and bool(grad.any()):
+        live.add(call)
 
 
 @dataclass
@@ -488,8 +511,10 @@ class Replayer:
         if capture.cuda_rng is not None:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
         calls: list[LayerCall] = []
-        backward = _Backward(calls if layer_calls else None)
-        watching = _layer_calls(self.model, calls, backward) if keep or layer_calls else contextlib.nullcontext()
+        backward = _Backward(calls if layer_calls else None, set() if layer_calls else None)
+        policy.started = {}
+        watching = (_layer_calls(self.model, calls, backward, policy.started) if keep or layer_calls
+                    else contextlib.nullcontext())
         policy.rows, policy.scale = self.rows, self.scale
         with torch.enable_grad(), watching:
             with compressed(self.model, policy, threshold=capture.threshold) as session:
@@ -499,9 +524,10 @@ class Replayer:
             grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True,
                                         retain_graph=keep)
         held = session.stats.packed_bytes * self.scale
+        live_calls, backward.live = backward.live, None  # the kept graph's later backward passes record none
         if keep:
             self._graph = _Graph(session, pairs, calls, backward, held)
-        return Replay(list(grads), policy.slots, self._scaled(backward.calls), held, self.scale)
+        return Replay(list(grads), policy.slots, self._scaled(backward.calls), held, self.scale, live_calls)
 
     def _backward_again(self, policy: RecordingPolicy, layer_calls: bool) -> Replay:
         """A replay as a backward through the kept graph, the slots ``policy`` perturbs compressed."""
