@@ -245,6 +245,131 @@ def test_the_probe_keeps_negligible_slots_as_they_are_without_measuring_them():
     assert changed and all(budgeted.controller.slots[key].measured_at == 0 for key in changed)
 
 
+def _decisions(controller) -> dict:
+    return {key: (slot.bound, slot.measured_at, slot.closed_form, slot.sensitivity) for key, slot in controller.slots.items()}
+
+
+def _same_decisions(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key, (bound, measured_at, closed_form, sensitivity) in want.items():
+        assert got[key][:3] == (bound, measured_at, closed_form), key
+        assert got[key][3] == pytest.approx(sensitivity, rel=1e-9), key
+
+
+def test_slots_of_module_calls_without_gradient_are_confirmed_without_effect_in_one_replay(monkeypatch):
+    """A batch norm whose weight (and bias) is 0 outputs zeros, through which the ReLU after it passes no
+    gradient; so neither it nor the layers before it get any. Backward is linear in the gradient it brings, so
+    their slots (the first conv's input, both batch norms' inputs, the first ReLU's output) can have no effect.
+    The first probe confirms them in one replay instead of one each, and decides exactly what measuring each
+    alone decides."""
+    model, x, loss_fn = _cnn_case()
+    with torch.no_grad():
+        model.features[4].weight.zero_()
+    hinted: list[list[str]] = []
+    silent = adaptive._silent
+    monkeypatch.setattr(adaptive, "_silent", lambda *args: hinted.append(silent(*args)) or hinted[-1])
+    grouped, report = _first_probe(model, x, loss_fn)
+    assert hinted[0] == ["features.0#0", "features.1#0", "features.2#0", "features.4#0"]
+    assert all(grouped.slots[key].measured_at == 0 and not grouped.slots[key].sensitivity for key in hinted[0])
+    monkeypatch.setattr(adaptive, "_silent", lambda *args: [])  # no hint: each slot measured alone
+    single, unhinted = _first_probe(model, x, loss_fn)
+    assert report["replays"] == unhinted["replays"] - len(hinted[0]) + 1
+    _same_decisions(_decisions(grouped), _decisions(single))
+
+
+def _revived(policy):
+    """Two probes of the CNN whose second batch norm's weight is 0 at the first and 1 at the second."""
+    model, x, loss_fn = _cnn_case()
+    with torch.no_grad():
+        model.features[4].weight.zero_()
+    _gradients(model, x, loss_fn, policy)
+    policy.controller.report()
+    first = _decisions(policy.controller)
+    with torch.no_grad():
+        model.features[4].weight.fill_(1.0)
+    _gradients(model, x, loss_fn, policy)
+    return first, _decisions(policy.controller), policy.controller.report()
+
+
+def test_a_without_effect_group_that_moved_a_gradient_measures_its_closed_form_slots_together(monkeypatch):
+    """Once the batch norm's weight has moved, the slots without effect at the first probe have one again: the
+    second probe's group replay finds that, and measures their Linear/Conv inputs in one replay (as a first
+    probe does) and the rest alone, deciding what measuring every one alone decides."""
+    first, grouped, report = _revived(Policy.adaptive(probe_every=1, reruns=1, codecs="sz"))
+
+    def alone(measurement, keys):
+        for key in keys:
+            measurement.together([key])
+    monkeypatch.setattr(adaptive._Measurement, "each", alone)
+    _, single, unhinted = _revived(Policy.adaptive(probe_every=1, reruns=1, codecs="sz"))
+    closed = [key for key, (_, measured_at, closed_form, _) in grouped.items() if measured_at == 1 and closed_form]
+    revived = [key for key in closed if first[key][1] == 0 and not first[key][3]]  # in the group without effect
+    rest = [key for key in closed if key not in revived]  # never measured, or the rerun
+    assert len(revived) >= 2
+    saved = len(revived) - 1 + max(len(rest) - 1, 0)  # one replay a group instead of one a slot
+    assert report["replays"] == unhinted["replays"] - saved
+    _same_decisions(grouped, single)
+
+
+class _ReluIntoDeadNorm(nn.Module):
+    """conv -> ReLU -> batch norm (weight 0) -> mean -> linear: no gradient reaches the ReLU's output, yet the batch
+    norm's weight gradient is computed from that output, which the batch norm saves again (one shared slot)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.relu, self.norm = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.norm.weight.zero_()
+
+    def forward(self, x):
+        return self.head(self.norm(self.relu(self.conv(x))).mean(dim=(2, 3)))
+
+
+def test_a_silent_module_calls_slot_that_another_reader_needs_is_still_measured(monkeypatch):
+    """The hint names the module call that saved a slot first; a later reader of the same tensor may still use
+    it (here the batch norm's weight gradient). The group replay then moves a gradient, and each slot is measured
+    alone: the ReLU output's effect on the batch norm is found, as without the hint."""
+    model, (x, y) = _ReluIntoDeadNorm(), wide_cnn_batch(8, torch.Generator().manual_seed(0), size=32)
+    hinted: list[list[str]] = []
+    silent = adaptive._silent
+    monkeypatch.setattr(adaptive, "_silent", lambda *args: hinted.append(silent(*args)) or hinted[-1])
+    controller, report = _first_probe(model, x, lambda out: F.cross_entropy(out, y))
+    assert "relu#0" in hinted[0]
+    assert controller.slots["relu#0"].sensitivity.get("norm", 0) > 0
+    monkeypatch.setattr(adaptive, "_silent", lambda *args: [])
+    unhinted, _ = _first_probe(model, x, lambda out: F.cross_entropy(out, y))
+    _same_decisions(_decisions(controller), _decisions(unhinted))
+
+
+class _TwoCalls(nn.Module):
+    """One tanh module called twice; the second call's output is multiplied by 0, so it gets no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3, self.act = nn.Linear(64, 256), nn.Linear(64, 256), nn.Linear(256, 10), nn.Tanh()
+
+    def forward(self, x):
+        return self.fc3(self.act(self.fc1(x)) + 0 * self.act(self.fc2(x)))
+
+
+def test_the_exact_replay_tells_a_modules_calls_apart_by_whether_their_outputs_got_a_gradient():
+    torch.manual_seed(0)
+    x, y = torch.randn(128, 64), torch.randint(0, 10, (128,))
+    model = _TwoCalls()
+    capture = probe.Capture(model, threshold=0)
+    with capture:
+        out = model(x)
+    F.cross_entropy(out, y).backward()
+    replayer = probe.Replayer(capture)
+    with replayer.restored():
+        exact = replayer.run(RecordingPolicy({}), layer_calls=True)
+    assert exact.slots["act#0"].call == 0 and exact.slots["act#1"].call == 1
+    assert ("act", 0) in exact.live_calls and ("act", 1) not in exact.live_calls
+    assert ("fc2", 0) not in exact.live_calls and {("fc1", 0), ("fc3", 0), ("(model)", 0)} <= exact.live_calls
+    assert adaptive._silent(list(exact.slots), exact, adaptive._closed_forms(exact)) == ["act#1"]
+
+
 def test_slots_without_effect_are_checked_again_every_probe():
     """Behind a batch norm whose weight is 0 (as a residual branch starts) the layers get no gradient, so their
     slots measure no effect and their bounds may grow. Every later probe compresses all such slots together
