@@ -363,7 +363,7 @@ def test_the_exact_replay_tells_a_modules_calls_apart_by_whether_their_outputs_g
     F.cross_entropy(out, y).backward()
     replayer = probe.Replayer(capture)
     with replayer.restored():
-        exact = replayer.run(RecordingPolicy({}), layer_calls=True)
+        exact = replayer.run(RecordingPolicy({}), layer_calls=True, live_calls=True)
     assert exact.slots["act#0"].call == 0 and exact.slots["act#1"].call == 1
     assert ("act", 0) in exact.live_calls and ("act", 1) not in exact.live_calls
     assert ("fc2", 0) not in exact.live_calls and {("fc1", 0), ("fc3", 0), ("(model)", 0)} <= exact.live_calls

@@ -42,8 +42,8 @@ for name in args.models:
     model = fam.build("tiny")
     x, y = fam.example_batch("tiny", 8, torch.Generator().manual_seed(0))
     policy = Policy.adaptive(probe_every=4)
-    for step in range(4 * args.probes - 3):
-        calls, probes = 0, policy.controller.probes if hasattr(policy.controller, "probes") else 0
+    for _ in range(4 * args.probes - 3):
+        calls, probes = 0, policy.controller.probes
         start = time.perf_counter()
         gradients = step_gradients(model, x, lambda out, fam=fam, y=y: fam.loss(out, y), policy).gradients
         seconds = time.perf_counter() - start

@@ -348,7 +348,8 @@ class AdaptiveController(Controller):
                                                  sign_rule=self.sign_rule, bare=bare,
                                                  bound_limits=self.bound_limits(), growth=GROWTH,
                                                  keep_samples=self._measures_sz_at_decision()),
-                                 layer_calls=True, keep=capture.replay_fits(rows, self.options.probe_memory))
+                                 layer_calls=True, live_calls=True,
+                                 keep=capture.replay_fits(rows, self.options.probe_memory))
             closed = _closed_forms(exact)
             self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
             for key, record in exact.slots.items():

@@ -253,7 +253,7 @@ class Replay:
     held_bytes: float = 0.0  # what the replay's session counted as held (packed or kept), every saved tensor once
     scale: float = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
     # the module calls (module, index of its call) some output of which backward brought a nonzero gradient, where
-    # layer_calls were recorded in a forward (the exact replay); None: not recorded
+    # the replay recorded them (the exact one: Replayer.run's live_calls); None: not recorded
     live_calls: set[tuple[str, int]] | None = None
 
 
@@ -399,7 +399,7 @@ class _Backward:
 
 
 @contextlib.contextmanager
-def _layer_calls(model: nn.Module, calls: list[LayerCall], backward: _Backward,
+def _module_calls(model: nn.Module, calls: list[LayerCall], backward: _Backward,
                  started: dict[str, int]) -> Iterator[None]:
     """Record each Linear/Conv call's input storage in ``calls``, and in every backward through the graph its
     output gradient's squared norm, and which module calls' outputs got a nonzero gradient, where ``backward``
@@ -500,9 +500,11 @@ class Replayer:
             if cuda_rng is not None:
                 torch.cuda.set_rng_state_all(cuda_rng)
 
-    def run(self, policy: RecordingPolicy, layer_calls: bool = False, keep: bool = False) -> Replay:
+    def run(self, policy: RecordingPolicy, layer_calls: bool = False, keep: bool = False,
+            live_calls: bool = False) -> Replay:
         """One replay under ``policy``; ``layer_calls``: record its Linear/Conv calls (:class:`LayerCall`);
-        ``keep``: keep its graph for the replays after it (the exact one's: see the class)."""
+        ``keep``: keep its graph for the replays after it (the exact one's: see the class); ``live_calls``:
+        record which module calls' outputs its backward brings a nonzero gradient (``Replay.live_calls``)."""
         if self._graph is not None:
             return self._backward_again(policy, layer_calls)
         capture = self.capture
@@ -511,9 +513,9 @@ class Replayer:
         if capture.cuda_rng is not None:
             torch.cuda.set_rng_state_all(capture.cuda_rng)
         calls: list[LayerCall] = []
-        backward = _Backward(calls if layer_calls else None, set() if layer_calls else None)
+        backward = _Backward(calls if layer_calls else None, set() if live_calls else None)
         policy.started = {}
-        watching = (_layer_calls(self.model, calls, backward, policy.started) if keep or layer_calls
+        watching = (_module_calls(self.model, calls, backward, policy.started) if keep or layer_calls or live_calls
                     else contextlib.nullcontext())
         policy.rows, policy.scale = self.rows, self.scale
         with torch.enable_grad(), watching:
