@@ -526,10 +526,10 @@ class Replayer:
             grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True,
                                         retain_graph=keep)
         held = session.stats.packed_bytes * self.scale
-        live_calls, backward.live = backward.live, None  # the kept graph's later backward passes record none
+        live, backward.live = backward.live, None  # the kept graph's later backward passes record none
         if keep:
             self._graph = _Graph(session, pairs, calls, backward, held)
-        return Replay(list(grads), policy.slots, self._scaled(backward.calls), held, self.scale, live_calls)
+        return Replay(list(grads), policy.slots, self._scaled(backward.calls), held, self.scale, live)
 
     def _backward_again(self, policy: RecordingPolicy, layer_calls: bool) -> Replay:
         """A replay as a backward through the kept graph, the slots ``policy`` perturbs compressed."""
