@@ -246,10 +246,12 @@ def test_the_probe_keeps_negligible_slots_as_they_are_without_measuring_them():
 
 
 def _decisions(controller) -> dict:
+    """Per slot, what a probe decided and measured: bound, when measured, closed form, sensitivity."""
     return {key: (slot.bound, slot.measured_at, slot.closed_form, slot.sensitivity) for key, slot in controller.slots.items()}
 
 
 def _same_decisions(got: dict, want: dict) -> None:
+    """The same bounds and measurements, sensitivities to float rounding (a group sums in another order)."""
     assert got.keys() == want.keys()
     for key, (bound, measured_at, closed_form, sensitivity) in want.items():
         assert got[key][:3] == (bound, measured_at, closed_form), key
