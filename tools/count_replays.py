@@ -4,7 +4,8 @@ Counts the replays by wrapping Replayer.run, so that it also measures trees olde
 field: ``PYTHONPATH=<tree> python tools/count_replays.py [--probes N] deeplabv3p-climate hep-cnn``
 (docs/adaptive.md). With ``--probes N`` the model learns (plain SGD, learning rate 0.05) for 4N - 3 steps
 with a probe every 4, as ``--warmup-steps 9 --methods adaptive:probe_every=4`` does for N = 3; each probe's
-line also gives a digest of every slot's bound and sensitivity, which two trees that decide alike share.
+line also gives a digest of every slot's bound and sensitivity, which two trees that decide alike share
+when run with the same number of threads (float sums depend on it).
 """
 import argparse
 import hashlib

@@ -418,7 +418,7 @@ def _module_calls(model: nn.Module, calls: list[LayerCall], backward: _Backward,
 
         def after(module, args, output):
             call = (name, running[id(module)].pop())
-            for tensor in _tensors(output):
+            for tensor in _tensors(output) if backward.live is not None else ():
                 if tensor.requires_grad:
                     tensor.register_hook(lambda grad: _mark_live(backward.live, call, grad))
             index = layer_call.pop(id(module), None)
