@@ -12,6 +12,7 @@ import torch
 from hpcdl import memory
 from hpcdl.bench.memory import MemoryBenchError, _per_sample, parse_batches, parse_budgets, project, search_start
 from hpcdl.cli import main
+from hpcdl.memory.peak import MAX_LEARNING_STEPS
 
 from runtime_models import wide_cnn, wide_cnn_batch
 
@@ -70,6 +71,24 @@ def test_compression_never_raises_the_step_peak_above_the_baseline(batch, policy
     baseline = memory.peak(memory.TrainStep(SMALL_CNN, batch, None), process=fresh)
     compressed = memory.peak(memory.TrainStep(SMALL_CNN, batch, policy), process=fresh)
     assert compressed.worst_bytes <= baseline.peak_bytes, (batch, compressed.worst_bytes, baseline.peak_bytes)
+
+
+@pytest.mark.slow
+def test_a_probe_step_whose_exact_replay_does_not_fit_needs_about_a_compressed_steps_memory():
+    """At a batch of 2 whose uncompressed saved tensors are large (67 MiB a sample here, as at DeepCAM's full
+    input), an exact replay of the fewest rows a probe replays (2) would hold an uncompressed step's tensors,
+    so a probe step would peak as high as the baseline's step (160 MiB here, against 86 MiB for a compressed
+    step); the reference replay compressed as the step keeps every probe step (every step probes here) within
+    1.25x of a compressed step that does not probe."""
+    large = memory.Workload("runtime_models:wide_cnn", options={"channels": 8, "depth": 4},
+                            batch=functools.partial(wide_cnn_batch, size=512))
+    fresh = memory.FreshProcesses()
+    baseline = memory.peak(memory.TrainStep(large, 2, None), process=fresh)
+    compressed = memory.peak(memory.TrainStep(large, 2, "adaptive:probe_every=1000"), process=fresh)
+    probing = memory.peak(memory.TrainStep(large, 2, "adaptive:probe_every=1"), process=fresh)
+    assert "learning_steps" not in compressed.info and probing.info["learning_steps"] == MAX_LEARNING_STEPS
+    assert compressed.peak_bytes < 0.75 * baseline.peak_bytes
+    assert probing.worst_bytes <= 1.25 * compressed.peak_bytes, (probing.worst_bytes, compressed.peak_bytes)
 
 
 def test_a_measuring_process_sends_each_steps_time_while_it_measures():

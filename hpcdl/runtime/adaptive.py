@@ -12,7 +12,8 @@ below ``alpha`` times the sampling variance its gradient already has (SGD's own 
   does not keep exactly; ``kappa_i`` measured by a trial encode);
 * ``S_im`` is the closed form ``fan_in_m * ||delta_m||^2`` where slot ``i`` is the input of a Linear/Conv
   layer ``m`` (and nothing else bends it, which the first measurement checks), else measured: the probe
-  compresses that slot alone and compares the gradients with exact ones (:mod:`hpcdl.runtime.probe`);
+  compresses that slot alone and compares the gradients with exact ones (:mod:`hpcdl.runtime.probe`; where an
+  uncompressed replay does not fit, with those of a replay compressed as the step was);
 * the modules' budgets ``alpha * V_m`` are shared among the slots that reach them so that the total bits
   (``n_i`` per halving of ``eb_i``) are fewest: the optimum of that concave problem, every budget held
   (:mod:`hpcdl.runtime.error_budget`);
@@ -84,6 +85,8 @@ _NAMED_CHOICES = {"codecs": tuple(FAMILIES), "entropy": ENTROPY_STAGES, "channel
 
 #: A closed form counts as confirmed when the measurement is within this factor of it.
 CLOSED_FORM_TOLERANCE = 2.0
+#: A reference replay's perturbation of a slot already compressed at its trial bound: sz at this multiple of it.
+OFFSET_BOUND = math.sqrt(2)
 #: Relative change of a Linear/Conv output gradient's squared norm that counts as a changed backward flow
 #: (_Measurement): unbent, the replays compute the same numbers; bent, they move by about the compression's error.
 FLOW_TOLERANCE = 1e-6
@@ -246,8 +249,6 @@ class AdaptiveController(Controller):
         self.fixed_bytes = 0.0    # budget mode: bytes of the saved tensors that are no slot (masks, indices, ...)
         self.budget_warned = False
         self.check: dict[str, dict[str, float]] = {}  # the last probe's predicted vs measured error (see probe)
-        # the codec of a slot never measured: hpcdl's default policy (with the entropy stage)
-        self.unmeasured = with_stage(default_codec_config(), self.options.entropy)
         self.whole_numel: dict[str, int] = {}  # slot -> elements in the probe step's forward (whole batch)
         self.noise: dict[str, float] = {}  # per module, the sampling variance of its gradient (hpcdl.runtime.noise)
         self.correction: dict[str, float] = {}  # per module, measured / predicted error of the last check, if > 1
@@ -260,16 +261,21 @@ class AdaptiveController(Controller):
         key = self.names.next(info.module, info.step)
         if self.capture is not None:  # a probe step: its replays may run on a sub-batch of this one
             self.whole_numel[key] = math.prod(info.shape)
+        # a new tensor: measure it soon (not one the loss saves outside the model's forward: no replay meets it)
+        if key not in self.slots and info.module != OUTSIDE:
+            self.next_probe = min(self.next_probe, info.step + 1)
+        return with_stage(self.in_effect(key, info.channels), self.options.entropy)
+
+    def in_effect(self, key: str, channels: int | None) -> dict | None:
+        """The codec slot ``key`` is compressed with now, without the entropy stage (lossless: it changes no
+        value), or None (kept as it is); ``channels``: the channel dim of its tensor where that is a batch norm's
+        input. hpcdl's default policy's codec until a probe measures the slot, so step 0 is no uncompressed step,
+        and where a bound in channel units meets a tensor without channels (it applies only through the
+        channels stage)."""
         slot = self.slots.get(key)
-        if slot is None:  # the default policy's codec until a probe measures it, so step 0 is no uncompressed step
-            if info.module != OUTSIDE:  # a tensor the loss saves outside the model's forward no replay ever meets
-                self.next_probe = min(self.next_probe, info.step + 1)  # a new tensor: measure it soon
-            return self.unmeasured
-        if slot.per_channel:  # its bound is in channel units: it applies only through the channels stage
-            if info.channels is None:
-                return self.unmeasured
-            return with_stage(with_channels(slot.config(), info.channels), self.options.entropy)
-        return with_stage(slot.config(), self.options.entropy)
+        if slot is None or (slot.per_channel and channels is None):
+            return default_codec_config()
+        return with_channels(slot.config(), channels) if slot.per_channel else slot.config()
 
     def watch(self, model: torch.nn.Module, step: int, threshold: int) -> contextlib.AbstractContextManager:
         self.clock.start()
@@ -332,27 +338,33 @@ class AdaptiveController(Controller):
 
     # -- probing and deciding -----------------------------------------------------------------------------
     def probe(self, capture: Capture, grad_stats: Mapping[str, GradStat]) -> None:
-        """Measure the slots of the captured step (exact replay, closed forms, perturbed replays), then decide."""
+        """Measure the slots of the captured step (exact or reference replay, closed forms, perturbed replays),
+        then decide. The first replay is exact where its uncompressed saved tensors fit the memory allowance
+        (:meth:`Capture.replay_fits`), else a reference that compresses every slot as the step did
+        (:class:`~hpcdl.runtime.probe.Replayer`): then no check replay runs (it measures against exact
+        gradients), and the corrections stay as they were."""
         rows = capture.replay_rows(self.options.probe_rows, self.options.probe_memory)
+        exact = capture.replay_fits(rows, self.options.probe_memory)
         replayer = Replayer(capture, rows=rows)
         owners = _owners(capture.model, replayer.params)
         modules = sorted(set(owners))  # the same list on every rank: the axis of the reductions over ranks
         # slots negligible at the last probe are recorded without trial encodes: they stay as they are
         bare = self._negligible({key: slot.nbytes for key, slot in self.slots.items()})
         with replayer.restored():
-            exact = replayer.run(RecordingPolicy({k: s.bound for k, s in self.slots.items() if s.bound}, self.options.probe_rel,
-                                                 size_rels=self.size_rels(), candidates=self.candidates(),
-                                                 threshold=capture.threshold, whole_numel=self.whole_numel,
-                                                 entropy=self.options.entropy,
-                                                 per_channel=self.options.channels == "batchnorm",
-                                                 sign_rule=self.sign_rule, bare=bare,
-                                                 bound_limits=self.bound_limits(), growth=GROWTH,
-                                                 keep_samples=self._measures_sz_at_decision()),
-                                 layer_calls=True, live_calls=True,
-                                 keep=capture.replay_fits(rows, self.options.probe_memory))
-            closed = _closed_forms(exact)
-            self.fixed_bytes = float(exact.held_bytes - sum(record.nbytes for record in exact.slots.values()))
-            for key, record in exact.slots.items():
+            trial_bounds = {key: slot.bound for key, slot in self.slots.items() if slot.bound}
+            reference = replayer.run(RecordingPolicy(trial_bounds, self.options.probe_rel,
+                                                     size_rels=self.size_rels(), candidates=self.candidates(),
+                                                     threshold=capture.threshold, whole_numel=self.whole_numel,
+                                                     entropy=self.options.entropy,
+                                                     per_channel=self.options.channels == "batchnorm",
+                                                     sign_rule=self.sign_rule, bare=bare,
+                                                     bound_limits=self.bound_limits(), growth=GROWTH,
+                                                     keep_samples=self._measures_sz_at_decision(),
+                                                     in_effect=None if exact else self._in_effect_of),
+                                     layer_calls=True, live_calls=True, keep=exact)
+            closed = _closed_forms(reference)
+            self.fixed_bytes = float(reference.held_bytes - sum(record.nbytes for record in reference.slots.values()))
+            for key, record in reference.slots.items():
                 slot = self.slots.setdefault(key, Slot())
                 if slot.per_channel != (record.channels is not None):  # measured in other units: measure afresh
                     slot = self.slots[key] = Slot(per_channel=record.channels is not None)
@@ -362,56 +374,62 @@ class AdaptiveController(Controller):
                 slot.kappa = record.trial_mse / (record.trial_bound ** 2 / 3) if record.trial_bound > 0 else 0.0
                 if slot.closed_form and key in closed:
                     slot.sensitivity = {m: slot.calibration * v for m, v in closed[key].items()}
-            in_effect = {key: slot_codec(config, exact.slots[key]) for key, slot in self.slots.items()
-                         if key in exact.slots and (config := slot.config()) is not None}
-            measured_now = (_deviation(replayer.run(RecordingPolicy(perturb=in_effect)), exact, owners)
+            # the check: the decisions in effect, all at once, against exact gradients (none to compare with
+            # after a reference replay)
+            in_effect = {key: slot_codec(config, reference.slots[key]) for key, slot in self.slots.items()
+                         if exact and key in reference.slots and (config := slot.config()) is not None}
+            measured_now = (_deviation(replayer.run(RecordingPolicy(perturb=in_effect)), reference, owners)
                             if in_effect else {})
             # nothing sz changes in an all-zero slot: no effect to measure
-            to_measure = [key for key in self._to_measure(exact.slots) if exact.slots[key].trial_mse > 0]
+            to_measure = [key for key in self._to_measure(reference.slots) if reference.slots[key].trial_mse > 0]
             without_effect = [key for key, slot in self.slots.items()
-                              if key in exact.slots and exact.slots[key].trial_mse > 0
+                              if key in reference.slots and reference.slots[key].trial_mse > 0
                               and slot.measured_at >= 0 and not slot.sensitivity and key not in to_measure]
-            silent = _silent(to_measure, exact, closed)
-            measure = _Measurement(replayer, exact, owners, closed)
+            silent = _silent(to_measure, reference, closed)
+            measure = _Measurement(replayer, reference, owners, closed)
             measure.without_effect(without_effect + silent)
             measure.each([key for key in to_measure if key not in silent])
             for key, (sensitivity, calibration) in measure.results.items():
                 slot = self.slots[key]
                 slot.sensitivity, slot.closed_form = sensitivity, calibration is not None
-                slot.measured_at, slot.measured_bound = self.probes, exact.slots[key].trial_bound
+                slot.measured_at, slot.measured_bound = self.probes, reference.slots[key].trial_bound
                 if calibration is not None:
                     slot.calibration = calibration
             self.replays = 1 + bool(in_effect) + measure.replays
         for key in list(self.slots):
-            if key not in exact.slots:
+            if key not in reference.slots:
                 del self.slots[key]  # no longer saved (the model changed)
         self._reduce_over_ranks(modules)
         self.check = self._check(in_effect, measured_now, grad_stats, modules)
         self.correction.update((m, max(1.0, row["measured"] / row["predicted"]))
                                for m, row in self.check.items() if row["predicted"] > 0)
         self.probes += 1
-        self.decide(grad_stats, {key: record.sample for key, record in exact.slots.items() if record.sample})
+        self.decide(grad_stats, {key: record.sample for key, record in reference.slots.items() if record.sample})
         self._unreported = True
 
+    def _in_effect_of(self, key: str, record: SlotRecord) -> dict | None:
+        """:meth:`in_effect` for a slot a reference replay recorded (``record``)."""
+        return self.in_effect(key, record.channels)
+
     def candidates(self) -> tuple[dict, ...]:
-        """The codecs the exact replay trial-encodes each slot with (besides sz)."""
+        """The codecs the first replay trial-encodes each slot with (besides sz)."""
         return FAMILIES[self.options.codecs]
 
     def bound_limits(self) -> dict[str, float] | None:
         """Per slot, the largest bound :meth:`decide` may give it at this probe (its cap, less ``max_rel``), unless
-        it is measured now at a larger trial bound: what lets the exact replay leave out candidates that err too
+        it is measured now at a larger trial bound: what lets the first replay leave out candidates that err too
         much (:func:`hpcdl.runtime.trials.trials`). None in budget mode, where the byte budget sets the bounds."""
         if self.options.budget:
             return None
         return {key: GROWTH * max(slot.measured_bound, slot.bound) for key, slot in self.slots.items()}
 
     def size_rels(self) -> tuple[float, ...]:
-        """Where the exact replay measures each slot's sz bytes: the ladder, when bytes decide the bounds (budget
+        """Where the first replay measures each slot's sz bytes: the ladder, when bytes decide the bounds (budget
         mode); nothing otherwise."""
         return budget.size_rels(self.options.max_rel) if self.options.budget else ()
 
     def _measures_sz_at_decision(self) -> bool:
-        """Whether :meth:`decide` measures sz's bytes at the bounds it decides, on the exact replay's samples: where
+        """Whether :meth:`decide` measures sz's bytes at the bounds it decides, on the first replay's samples: where
         sz competes with other codecs on bytes under the alpha rule (budget mode has the ladder)."""
         return not self.options.budget and bool(self.candidates())
 
@@ -524,7 +542,7 @@ class AdaptiveController(Controller):
     def decide(self, grad_stats: Mapping[str, GradStat], samples: Mapping[str, KeptSample]) -> None:
         """Each slot's bound from the budget (module docstring, :mod:`hpcdl.runtime.error_budget`); slots that reach
         no module get the cap. Then each slot's codec: the cheapest of sz at that bound, its bytes measured on the
-        slot's ``samples`` (the exact replay's, averaged over the ranks that have one), and the trial codecs."""
+        slot's ``samples`` (the first replay's, averaged over the ranks that have one), and the trial codecs."""
         if self.options.budget:
             self.decide_for_bytes(grad_stats)
             return
@@ -703,11 +721,11 @@ def _owners(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[st
     return [owner[id(p)] for p in params]
 
 
-def _deviation(perturbed: Replay, exact: Replay, owners: list[str]) -> dict[str, float]:
-    """Per module, ||perturbed gradient - exact gradient||^2, scaled to the whole batch (:class:`Replay`; only
-    modules where it is not zero)."""
+def _deviation(perturbed: Replay, reference: Replay, owners: list[str]) -> dict[str, float]:
+    """Per module, ||perturbed gradient - reference gradient||^2 (the reference: the first replay), scaled to the
+    whole batch (:class:`Replay`; only modules where it is not zero)."""
     deviation: dict[str, float] = {}
-    for owner, got, want in zip(owners, perturbed.grads, exact.grads):
+    for owner, got, want in zip(owners, perturbed.grads, reference.grads):
         if got is None or want is None:
             continue
         value = float((got.double() - want.double()).square().sum()) * perturbed.scale
@@ -716,8 +734,8 @@ def _deviation(perturbed: Replay, exact: Replay, owners: list[str]) -> dict[str,
     return deviation
 
 
-def _silent(keys: list[str], exact: Replay, closed: Mapping[str, dict[str, float]]) -> list[str]:
-    """The slots of ``keys`` whose module call's outputs got no gradient in the exact replay's backward.
+def _silent(keys: list[str], reference: Replay, closed: Mapping[str, dict[str, float]]) -> list[str]:
+    """The slots of ``keys`` whose module call's outputs got no gradient in the first replay's backward.
 
     Backward is linear in the gradient it brings: where it brings none to the outputs of a module's call, the
     operations the call saved tensors for pass on zeros whatever those tensors hold, so its slots have no effect
@@ -726,20 +744,20 @@ def _silent(keys: list[str], exact: Replay, closed: Mapping[str, dict[str, float
     same tensor again (a ReLU's output, saved by the convolution reading it): so the slots are confirmed without
     effect together, by one replay, and not assumed to be. A slot with a closed form has a convolution's
     nonzero output gradient behind it, so it is not one."""
-    if exact.live_calls is None:
+    if reference.live_calls is None:
         return []
     return [key for key in keys
-            if key not in closed and (key.rpartition("#")[0], exact.slots[key].call) not in exact.live_calls]
+            if key not in closed and (key.rpartition("#")[0], reference.slots[key].call) not in reference.live_calls]
 
 
-def _closed_forms(exact: Replay) -> dict[str, dict[str, float]]:
+def _closed_forms(reference: Replay) -> dict[str, dict[str, float]]:
     """Per slot that is the input of Linear/Conv calls: module -> fan_in * ||delta||^2 summed over those calls.
 
     Not for a slot in channel units (a batch norm's input that a layer also reads): the form assumes one error
     variance for all its elements."""
-    by_storage = {record.storage: key for key, record in exact.slots.items() if record.channels is None}
+    by_storage = {record.storage: key for key, record in reference.slots.items() if record.channels is None}
     forms: dict[str, dict[str, float]] = {}
-    for call in exact.layer_calls:
+    for call in reference.layer_calls:
         key = by_storage.get(call.storage)
         if key is not None and call.delta_sq > 0:
             row = forms.setdefault(key, {})
@@ -764,8 +782,8 @@ class _Measurement:
     slots, against 57 this way and 56 one slot each.)
     """
 
-    def __init__(self, replayer: Replayer, exact: Replay, owners: list[str], closed: Mapping[str, dict[str, float]]):
-        self.replayer, self.exact, self.owners, self.closed = replayer, exact, owners, closed
+    def __init__(self, replayer: Replayer, reference: Replay, owners: list[str], closed: Mapping[str, dict[str, float]]):
+        self.replayer, self.reference, self.owners, self.closed = replayer, reference, owners, closed
         self.replays = 0
         #: slot -> (its sensitivity per module, the closed form's calibration or None where it does not hold)
         self.results: dict[str, tuple[dict[str, float], float | None]] = {}
@@ -784,10 +802,10 @@ class _Measurement:
         self.replays += 1
         policy = self._perturbing(keys)
         if len(keys) == 1:
-            self._alone(keys[0], _deviation(self.replayer.run(policy), self.exact, self.owners))
+            self._alone(keys[0], self.replayer.run(policy))
             return
         perturbed = self.replayer.run(policy, layer_calls=True)
-        calibrations = self._confirmed(keys, perturbed) if _same_flow(perturbed, self.exact) else None
+        calibrations = self._confirmed(keys, perturbed) if _same_flow(perturbed, self.reference) else None
         if calibrations is None:
             for key in keys:
                 self.together([key])
@@ -808,22 +826,33 @@ class _Measurement:
         if not keys:
             return
         self.replays += 1
-        if not _deviation(self.replayer.run(self._perturbing(keys)), self.exact, self.owners):
+        if not _deviation(self.replayer.run(self._perturbing(keys)), self.reference, self.owners):
             self.results.update((key, ({}, None)) for key in keys)
             return
-        silent = _silent(keys, self.exact, self.closed)
+        silent = _silent(keys, self.reference, self.closed)
         if len(silent) < len(keys):
             self.without_effect(silent)
         self.each([key for key in keys if key not in self.results])
 
     def _perturbing(self, keys: list[str]) -> RecordingPolicy:
-        """A replay's policy that compresses ``keys`` with sz at their bounds of the exact replay, the rest exact."""
-        return RecordingPolicy(perturb={key: slot_codec(sz_abs(self.exact.slots[key].trial_bound), self.exact.slots[key])
-                                        for key in keys})
+        """A replay's policy that compresses ``keys`` with sz at their trial bounds, the rest as the reference does.
 
-    def _alone(self, key: str, deviation: Mapping[str, float]) -> None:
-        mse = self.exact.slots[key].trial_mse
-        measured = {m: dev / mse for m, dev in deviation.items()}
+        Where the reference compressed a slot with that very codec (a reference replay, at a probe that measures
+        a slot again at its bound in effect), the slot is perturbed at :data:`OFFSET_BOUND` times the bound
+        instead: a perturbation must differ from what the reference holds, and sz on grids of incommensurate steps
+        errs almost independently (the error that counts is measured: ``Replay.perturbation_mse``)."""
+        perturb = {}
+        for key in keys:
+            record = self.reference.slots[key]
+            config = slot_codec(sz_abs(record.trial_bound), record)
+            if config == self.replayer.compressed.get(key):
+                config = slot_codec(sz_abs(record.trial_bound * OFFSET_BOUND), record)
+            perturb[key] = config
+        return RecordingPolicy(perturb=perturb)
+
+    def _alone(self, key: str, perturbed: Replay) -> None:
+        mse = self._error(key, perturbed)
+        measured = {m: dev / mse for m, dev in _deviation(perturbed, self.reference, self.owners).items()}
         closed = self.closed.get(key)
         if closed is not None and _agrees(closed, measured):
             calibration = sum(measured.values()) / sum(closed.values())
@@ -831,14 +860,19 @@ class _Measurement:
         else:
             self.results[key] = (measured, None)
 
+    def _error(self, key: str, perturbed: Replay) -> float:
+        """The mean square of the error ``perturbed`` gave slot ``key`` against the reference: measured by the
+        replay where the reference compressed the slot, else the slot's trial error."""
+        return perturbed.perturbation_mse.get(key, self.reference.slots[key].trial_mse)
+
     def _confirmed(self, keys: list[str], perturbed: Replay) -> dict[str, float] | None:
         """Each slot's calibration when every module's deviation agrees with what the group's closed forms
         predict (each slot's share of a module's ratio by its predicted part); None when one does not.
 
         Deviation outside the group's modules is allowed up to 0.1 of the smallest slot's predicted effect, so
         that any one slot would also have passed ``_agrees`` alone."""
-        deviation = _deviation(perturbed, self.exact, self.owners)
-        parts = {key: {m: s * self.exact.slots[key].trial_mse for m, s in self.closed[key].items()} for key in keys}
+        deviation = _deviation(perturbed, self.reference, self.owners)
+        parts = {key: {m: s * self._error(key, perturbed) for m, s in self.closed[key].items()} for key in keys}
         predicted: dict[str, float] = {}
         for part in parts.values():
             for module, value in part.items():
@@ -852,12 +886,12 @@ class _Measurement:
         return {key: sum(ratio[m] * v for m, v in part.items()) / sum(part.values()) for key, part in parts.items()}
 
 
-def _same_flow(perturbed: Replay, exact: Replay) -> bool:
+def _same_flow(perturbed: Replay, reference: Replay) -> bool:
     """Whether every Linear/Conv call's output gradient kept its norm (the group bent no backward flow)."""
-    if len(perturbed.layer_calls) != len(exact.layer_calls):
+    if len(perturbed.layer_calls) != len(reference.layer_calls):
         return False
     return all(abs(got.delta_sq - want.delta_sq) <= FLOW_TOLERANCE * want.delta_sq
-               for got, want in zip(perturbed.layer_calls, exact.layer_calls))
+               for got, want in zip(perturbed.layer_calls, reference.layer_calls))
 
 
 def _agrees(closed: Mapping[str, float], measured: Mapping[str, float]) -> bool:

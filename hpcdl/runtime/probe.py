@@ -28,7 +28,9 @@ A probe step of :class:`~hpcdl.runtime.adaptive.AdaptiveController` goes like th
      replays run no forward: each is a backward through the exact replay's graph, kept for them, with its slots
      compressed as the training session would compress them (:class:`Replayer`, ``Session.substituted``).
 
-The replays hold their activations uncompressed (they measure against exact gradients). So that a probe does
+The exact replays hold their activations uncompressed (they measure against exact gradients). Where even the
+fewest rows' would outweigh what the step held packed, the first replay is a reference compressed as the
+training step was, and the perturbed replays measure against it (:class:`Replayer`). So that a probe does
 not need the memory of a whole uncompressed step, the replays run on the first ``rows`` samples of the
 captured batch where the call can be cut (:meth:`Capture.batch_rows`: every tensor argument and output
 gradient shares its first dimension), and what they measure is scaled to the whole batch: packed sizes and
@@ -42,14 +44,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
 
 from hpcdl.compress import Codec
-from hpcdl.compress.channels import channel_units, with_channels
+from hpcdl.compress.channels import channel_exponents, channel_units, with_channels
 from hpcdl.compress.entropy import with_stage
 from hpcdl.runtime.classify import Footprint, Layout
 from hpcdl.runtime.observe import ROOT
@@ -250,11 +252,14 @@ class Replay:
     grads: list[torch.Tensor | None]
     slots: dict[str, SlotRecord] = field(default_factory=dict)
     layer_calls: list[LayerCall] = field(default_factory=list)
-    held_bytes: float = 0.0  # what the replay's session counted as held (packed or kept), every saved tensor once
+    held_bytes: float = 0.0  # the uncompressed bytes of everything the replay saved, every saved tensor once
     scale: float = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
     # the module calls (module, index of its call) some output of which backward brought a nonzero gradient, where
     # the replay recorded them (the exact one: Replayer.run's live_calls); None: not recorded
     live_calls: set[tuple[str, int]] | None = None
+    # a perturbing replay after a reference one: per perturbed slot the reference compressed, the mean square of
+    # its error against the reference (RecordingPolicy.perturbation_mse); other slots' is their trial_mse
+    perturbation_mse: dict[str, float] = field(default_factory=dict)
 
 
 def in_channel_units(tensor: torch.Tensor, channels: int) -> torch.Tensor:
@@ -292,7 +297,7 @@ class RecordingPolicy(Policy):
                  candidates: tuple[dict, ...] = (), threshold: int = 0, whole_numel: dict[str, int] | None = None,
                  entropy: str = "none", per_channel: bool = True, sign_rule: bool = True,
                  bare: set[str] | None = None, bound_limits: dict[str, float] | None = None, growth: float = 2.0,
-                 keep_samples: bool = False):
+                 keep_samples: bool = False, in_effect: Callable[[str, SlotRecord], dict | None] | None = None):
         super().__init__(StaticController(None), masks=None, indices=None)
         self.entropy = entropy  # the entropy stage training adds to every codec: sizes and trials measure with it
         self.per_channel = per_channel  # exact replay: batch norms' inputs are recorded in channel units
@@ -308,6 +313,15 @@ class RecordingPolicy(Policy):
         self.keep_samples = keep_samples  # exact replay: keep each slot's sample in its record (SlotRecord.sample)
         self.candidates, self.threshold = candidates, threshold  # exact replay: trial encodes of these codecs
         self.perturb = perturb or {}  # slot -> the codec config it is compressed with (the rest kept exact)
+        # reference replay (where an exact one does not fit): slot, its record -> the codec the training session
+        # compresses it with now (None: kept), which the replay compresses it with too; None: an exact replay
+        self.in_effect = in_effect
+        # slot -> the codec config it is compressed with where not perturbed: a reference replay's (chosen from
+        # in_effect), or, in a perturbing replay after one, the reference's (set by the Replayer)
+        self.compressed: dict[str, dict] = {}
+        # perturbing replay after a reference: a perturbed slot the reference compressed -> the mean square of
+        # the difference of the two codecs' decoded values (its error against the reference), measured
+        self.perturbation_mse: dict[str, float] = {}
         self.slots: dict[str, SlotRecord] = {}
         self.whole_numel = whole_numel or {}  # slot -> its element count in the training step (of the whole batch)
         self.rows, self.scale = 0, 1.0  # set by the Replayer: replayed samples (0: all), whole batch / rows
@@ -331,12 +345,40 @@ class RecordingPolicy(Policy):
             record = self.slots[self._key] = self._record(tensor, self.trial_bounds.get(self._key),
                                                           channels if self.per_channel else None)
             record.call = self.started.get(module, 1) - 1
+            if self.in_effect is not None and not self._small(tensor):
+                config = self.in_effect(self._key, record)
+                if config is not None:
+                    self.compressed[self._key] = config
+        elif self._key in self.perturb and self._key in self.compressed:
+            self.perturbation_mse[self._key] = self._difference(tensor, self.compressed[self._key],
+                                                                self.perturb[self._key])
         return SlotInfo(**{f.name: getattr(info, f.name) for f in fields(info)}, slot=self._key)
 
     def codec_for(self, info: SavedTensorInfo):
-        if not isinstance(info, SlotInfo) or info.slot not in self.perturb:
+        if not isinstance(info, SlotInfo):
             return None
-        return self.codec(self.perturb[info.slot])
+        config = self.perturb.get(info.slot) or self.compressed.get(info.slot)
+        return None if config is None else self.codec(config)
+
+    def _difference(self, tensor: torch.Tensor, reference: dict, perturbed: dict) -> float:
+        """The mean square of ``perturbed``'s decoded ``tensor`` minus ``reference``'s (codec configs), in the units
+        of the tensor's channels where ``perturbed`` bounds it per channel (as the slot's trial error is then)."""
+        source = Layout.of(Footprint.of(tensor)).source(tensor.detach())
+        reference_codec, perturbed_codec = self.codec(reference), self.codec(perturbed)
+        squares = perturbed_codec.decode(perturbed_codec.encode(source))
+        squares.sub_(reference_codec.decode(reference_codec.encode(source))).square_()  # one more slot-sized tensor
+        channels = perturbed.get("channels")
+        if channels is None:
+            return float(squares.mean(dtype=torch.float64))
+        weights = torch.ldexp(torch.ones((), dtype=torch.float64), -2 * channel_exponents(source, channels).double())
+        per_channel = squares.sum([dim for dim in range(squares.dim()) if dim != channels], dtype=torch.float64)
+        return float((per_channel * weights).sum() / squares.numel())
+
+    def _small(self, tensor: torch.Tensor) -> bool:
+        """Whether the session takes ``tensor`` for one under its size threshold (an arena's, which
+        :meth:`Session.substituted` can perturb only while it is kept as it is). Its element bytes, not its
+        storage span's: a view whose span is larger is taken for small and kept, never the reverse."""
+        return self.counted_bytes(tensor, tensor.numel() * tensor.element_size()) < self.threshold
 
     def _record(self, tensor: torch.Tensor, bound: float | None, channels: int | None = None) -> SlotRecord:
         data = tensor.detach() if channels is None else in_channel_units(tensor, channels)
@@ -466,9 +508,18 @@ class Replayer:
     saved tensor changes nothing in the forward (the same inputs, RNG state and so dropout masks: the same
     values). That skips the forward of every replay after the first. The graph holds the exact forward's saved
     tensors until the probe ends (:meth:`restored`), also through its backward passes, which otherwise free
-    them as they go; the adaptive controller asks to keep it only where that fits its memory allowance
+    them as they go; the adaptive controller keeps it where that fits its memory allowance
     (:meth:`Capture.replay_fits`). A forward with blocks recomputed in backward (:meth:`Session.recompute`: they
     run once) is not kept: each replay then runs whole.
+
+    Where the exact replay's uncompressed saved tensors do not fit, the first replay is a *reference* instead,
+    which compresses every slot as the training step does (``RecordingPolicy.in_effect``): each replay then runs
+    whole (a forward and a backward that frees as it goes, as a compressed training step), compressing what the
+    reference compressed but for the slots it perturbs, which it encodes from their values with the perturbing
+    codec. A perturbed slot's error against the reference is then the difference of the two codecs' errors,
+    whose mean square the replay measures (``Replay.perturbation_mse``) for the sensitivity to divide by. (Not
+    through a kept compressed graph: re-encoding a slot's decoded values with sz at the bound they were
+    decoded at changes nothing.)
     """
 
     def __init__(self, capture: Capture, rows: int | None = None):
@@ -485,6 +536,9 @@ class Replayer:
             self.args, self.kwargs = _first_rows(capture.args, rows), _first_rows(capture.kwargs, rows)
             self.output_grads = {index: grad[:rows] for index, grad in capture.output_grads.items()}
         self._graph: _Graph | None = None
+        #: a reference replay's compressed slots and their codec configs (RecordingPolicy.in_effect), which the
+        #: replays after it compress too, but the slots they perturb
+        self.compressed: dict[str, dict] = {}
 
     @contextlib.contextmanager
     def restored(self) -> Iterator[None]:
@@ -518,6 +572,8 @@ class Replayer:
         watching = (_module_calls(self.model, calls, backward, policy.started) if keep or layer_calls or live_calls
                     else contextlib.nullcontext())
         policy.rows, policy.scale = self.rows, self.scale
+        if policy.trial_bounds is None:  # a perturbing replay
+            policy.compressed = dict(self.compressed)
         with torch.enable_grad(), watching:
             with compressed(self.model, policy, threshold=capture.threshold) as session:
                 outputs = _tensors(self.model(*self.args, **self.kwargs))
@@ -525,11 +581,14 @@ class Replayer:
             keep = keep and not session.recomputed_blocks
             grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True,
                                         retain_graph=keep)
-        held = session.stats.packed_bytes * self.scale
+        held = session.stats.original_bytes * self.scale
         live, backward.live = backward.live, None  # the kept graph's later backward passes record none
         if keep:
             self._graph = _Graph(session, pairs, calls, backward, held)
-        return Replay(list(grads), policy.slots, self._scaled(backward.calls), held, self.scale, live)
+        if policy.trial_bounds is not None:
+            self.compressed = dict(policy.compressed)
+        return Replay(list(grads), policy.slots, self._scaled(backward.calls), held, self.scale, live,
+                      dict(policy.perturbation_mse))
 
     def _backward_again(self, policy: RecordingPolicy, layer_calls: bool) -> Replay:
         """A replay as a backward through the kept graph, the slots ``policy`` perturbs compressed."""
