@@ -24,6 +24,7 @@ from hpcdl.runtime.adaptive import COST_FIELDS
 from hpcdl.runtime.fidelity import gradient_cosine, step_gradients
 from hpcdl.runtime.methods import Codec, train_step
 from hpcdl.runtime.probe import RecordingPolicy
+from hpcdl.runtime.ranks import Ranks
 from hpcdl.train.activation import activation_method
 from hpcdl.train.config import ConfigError, load_config
 
@@ -205,6 +206,22 @@ def test_a_probe_whose_exact_replay_does_not_fit_measures_against_a_reference_co
     for key in measured:
         assert 0.5 <= decided[False][key] / decided[True][key] <= 2.0, key
     assert 1 / 1.5 <= predicted[False] / predicted[True] <= 1.5
+
+
+def test_every_rank_measures_against_a_reference_where_one_ranks_exact_replay_does_not_fit(monkeypatch):
+    """Whether a probe's replays are exact is reduced over the ranks (the check replay's reduction is a
+    collective every rank must call): a rank whose exact replay fits still measures against a reference when
+    another rank's does not."""
+    sessions: list = []
+    monkeypatch.setattr(probe, "compressed", lambda *args, **kwargs: sessions.append(
+        hpcdl.compressed(*args, **kwargs)) or sessions[-1])
+    model, x, loss_fn = _cnn_case(8)
+    policy = Policy.adaptive()
+    policy.average_over(Ranks(2, lambda values: [value / 2 for value in values]))  # the other rank's values: 0
+    _gradients(model, x, loss_fn, policy)
+    reference = sessions[0].stats
+    assert reference.packed_bytes < reference.original_bytes / 4
+    assert not policy.controller.check
 
 
 def _first_probe(model, x, loss_fn):

@@ -344,7 +344,8 @@ class AdaptiveController(Controller):
         (:class:`~hpcdl.runtime.probe.Replayer`): then no check replay runs (it measures against exact
         gradients), and the corrections stay as they were."""
         rows = capture.replay_rows(self.options.probe_rows, self.options.probe_memory)
-        exact = capture.replay_fits(rows, self.options.probe_memory)
+        # exact only where it fits on every rank: the check replay's reduction is a collective all ranks must call
+        exact = self.ranks().mean([float(capture.replay_fits(rows, self.options.probe_memory))])[0] == 1.0
         replayer = Replayer(capture, rows=rows)
         owners = _owners(capture.model, replayer.params)
         modules = sorted(set(owners))  # the same list on every rank: the axis of the reductions over ranks
