@@ -359,8 +359,8 @@ def format_report(report: MemoryBenchReport) -> str:
         (f"{result.method} @{peak['batch']}", str(peak["learning_steps"]), human_bytes(peak["learning_peak_bytes"]))
         for result in report.methods for peak in result.peaks if peak.get("learning_steps")]
     if learning:
-        out += ["Learning steps passed over before the measured step (an adaptive policy's probes, which replay "
-                "uncompressed; a run meets this peak at every probe, and the budget searches fit it too):",
+        out += ["Learning steps passed over before the measured step (an adaptive policy's probes, whose replays "
+                "run beside the step; a run meets this peak at every probe, and the budget searches fit it too):",
                 *_table(("method", "steps", "their peak"), learning), ""]
     parts = ("resident", "gradients", "saved_activations", "packed_activations", "decoded_peak",
              "largest_packed_original", "held_originals_peak", "remainder")
