@@ -171,6 +171,14 @@ def test_replay_fits_says_whether_the_replays_stay_within_the_allowance():
     assert capture.replay_fits(32, 1.0)
 
 
+def _replay_sessions(monkeypatch) -> list:
+    """The sessions the probe's replays open from now on, in order (the first: the exact or reference replay's)."""
+    sessions: list = []
+    monkeypatch.setattr(probe, "compressed", lambda *args, **kwargs: sessions.append(
+        hpcdl.compressed(*args, **kwargs)) or sessions[-1])
+    return sessions
+
+
 def test_a_probe_whose_exact_replay_does_not_fit_measures_against_a_reference_compressed_as_the_step(monkeypatch):
     """Where even the fewest rows' uncompressed saved tensors outweigh the allowance, the probe's first replay
     compresses every slot as the training step did, and each replay runs whole (a forward and a backward that
@@ -181,9 +189,7 @@ def test_a_probe_whose_exact_replay_does_not_fit_measures_against_a_reference_co
     decided, predicted = {}, {}
     for fits in (True, False):
         monkeypatch.setattr(probe.Capture, "replay_fits", lambda self, rows, memory, fits=fits: fits)
-        sessions: list = []
-        monkeypatch.setattr(probe, "compressed", lambda *args, sessions=sessions, **kwargs: sessions.append(
-            hpcdl.compressed(*args, **kwargs)) or sessions[-1])
+        sessions = _replay_sessions(monkeypatch)
         model, x, loss_fn = _cnn_case(8)
         forwards: list[int] = []
         model.register_forward_pre_hook(lambda module, args, forwards=forwards: forwards.append(1))
@@ -212,9 +218,7 @@ def test_every_rank_measures_against_a_reference_where_one_ranks_exact_replay_do
     """Whether a probe's replays are exact is reduced over the ranks (the check replay's reduction is a
     collective every rank must call): a rank whose exact replay fits still measures against a reference when
     another rank's does not."""
-    sessions: list = []
-    monkeypatch.setattr(probe, "compressed", lambda *args, **kwargs: sessions.append(
-        hpcdl.compressed(*args, **kwargs)) or sessions[-1])
+    sessions = _replay_sessions(monkeypatch)
     model, x, loss_fn = _cnn_case(8)
     policy = Policy.adaptive()
     policy.average_over(Ranks(2, lambda values: [value / 2 for value in values]))  # the other rank's values: 0

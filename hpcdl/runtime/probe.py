@@ -375,9 +375,10 @@ class RecordingPolicy(Policy):
         return float((per_channel * weights).sum() / squares.numel())
 
     def _small(self, tensor: torch.Tensor) -> bool:
-        """Whether the session takes ``tensor`` for one under its size threshold (an arena's, which
-        :meth:`Session.substituted` can perturb only while it is kept as it is). Its element bytes, not its
-        storage span's: a view whose span is larger is taken for small and kept, never the reverse."""
+        """Whether the session takes ``tensor`` for one under its size threshold: a reference replay keeps those as
+        they are, since the session would pack them together in arenas with a member codec of its own, whose error
+        :meth:`_difference` does not measure. Its element bytes, not its storage span's: a view whose span is
+        larger is taken for small and kept, never the reverse."""
         return self.counted_bytes(tensor, tensor.numel() * tensor.element_size()) < self.threshold
 
     def _record(self, tensor: torch.Tensor, bound: float | None, channels: int | None = None) -> SlotRecord:
