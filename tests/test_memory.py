@@ -39,6 +39,38 @@ def test_a_killed_measuring_process_is_a_run_error_that_says_how_it_ended():
     assert caught.value.exit_code == 1 and isinstance(caught.value, RuntimeError)
 
 
+ORPHANING_PARENT = """
+import functools, time
+from hpcdl.memory import MeasuringProcess
+child = MeasuringProcess(1)
+print(child.process.pid, flush=True)
+child.peak(functools.partial(time.sleep, 600))  # a measurement far longer than the test waits
+"""
+
+
+def test_a_measuring_process_whose_parent_was_killed_stops_instead_of_finishing_its_measurement():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANING_PARENT], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(1)  # the child may be importing torch or already measuring: it must stop either way
+    parent.kill()
+    parent.wait()
+    parent.stdout.close()
+    status = Path(f"/proc/{child}/status")
+    deadline = time.monotonic() + 30  # starting torch (if it had not) and ORPHAN_CHECK_S, on a loaded machine
+    while status.exists() and "State:\tZ" not in status.read_text():
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            raise AssertionError("the orphaned measuring process was still running 30 s after its parent died")
+        time.sleep(0.1)
+
+
 def test_an_error_in_the_measuring_process_is_raised_here_as_itself_with_its_traceback_as_a_note():
     with pytest.raises(ConfigError) as caught:  # (pytest's match= would also search the notes)
         memory.peak(functools.partial(failing_setup, "hpcdl"))

@@ -5,7 +5,9 @@ The child process starts with :func:`hpcdl.memory.allocator.child_env`, reads pi
 :func:`hpcdl.memory.peak.measure_step` (one warm-up step, then the measured one) and writes the
 pickled :class:`~hpcdl.memory.peak.PeakReport` back, after a progress frame for every line its steps log
 (:func:`hpcdl.memory.step.step_progress`). An error in a measurement comes back as the same exception, raised
-here with the child's traceback as a note.
+here with the child's traceback as a note. A child whose parent is gone (killed) stops within
+:data:`ORPHAN_CHECK_S` instead of finishing a measurement nobody reads, which at DeepCAM's full input takes
+an hour and both cores.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 
@@ -25,6 +29,9 @@ from hpcdl.errors import HpcdlRunError
 from hpcdl.memory.allocator import child_env
 from hpcdl.memory.peak import PeakReport, measure_step
 from hpcdl.memory.step import TrainStep, step_progress
+
+#: How often a measuring process checks that the process that started it is still there.
+ORPHAN_CHECK_S = 1.0
 
 
 class MeasuringProcessError(HpcdlRunError, RuntimeError):
@@ -61,7 +68,7 @@ class MeasuringProcess:
         env = {**os.environ, **child_env(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         threads = threads or torch.get_num_threads()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", f"import hpcdl.memory.process as m; m.serve({int(threads)})"],
+            [sys.executable, "-c", f"import hpcdl.memory.process as m; m.serve({int(threads)}, {os.getpid()})"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
         )
         assert self.process.stdin is not None and self.process.stdout is not None  # both are PIPEs
@@ -126,9 +133,10 @@ def _read_frame(stream) -> bytes:
     return body
 
 
-def serve(threads: int) -> None:
+def serve(threads: int, parent: int) -> None:
     """The child's loop: read a setup, measure it (sending its steps' progress lines), write the report; until
-    stdin closes."""
+    stdin closes, or until the process ``parent`` that started it is gone (:func:`_stop_when_orphaned`)."""
+    threading.Thread(target=_stop_when_orphaned, args=(parent,), name="orphan-check", daemon=True).start()
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever the model prints goes to stderr, not into the reply stream
     torch.set_num_threads(threads)
@@ -148,6 +156,16 @@ def serve(threads: int) -> None:
                 send(("ok", measure_step(setup, torch.device("cpu"))))
             except Exception as err:
                 send(("error", _portable(err, traceback.format_exc())))
+
+
+def _stop_when_orphaned(parent: int) -> None:
+    """Exit once this process's parent is no longer ``parent`` (it died and the process was re-parented): its
+    stdin only closes when the measurement under way ends and reads the next request."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_CHECK_S)
+    print(f"hpcdl measuring process {os.getpid()}: the process that started it ({parent}) is gone; stopping",
+          file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def _portable(err: Exception, trace: str) -> Exception:
