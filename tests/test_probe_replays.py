@@ -17,7 +17,15 @@ from torch import nn
 import hpcdl
 from hpcdl.compress import get_codec
 from hpcdl.runtime import policy_from_spec
-from hpcdl.runtime.probe import Capture, RecordingPolicy, Replayer, SlotInfo, slot_codec, sz_abs
+from hpcdl.runtime.probe import (
+    Capture,
+    RecordingPolicy,
+    Replayer,
+    SlotInfo,
+    slot_codec,
+    squared_difference,
+    sz_abs,
+)
 from hpcdl.runtime.session import active_session
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -85,6 +93,28 @@ def test_a_backward_through_the_kept_graph_gives_the_gradients_of_a_whole_replay
     # the passes compared are compressed ones (a ReLU output that only its own backward reads bends nothing)
     bent = [not _same(replay.grads, whole[0].grads) for replay in with_kept[1]]
     assert bent[-1] and sum(bent) > len(bent) / 2
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept graph", "whole replays"])
+@pytest.mark.parametrize("case", [_cnn, _transformer], ids=["cnn", "transformer"])
+def test_a_replay_against_the_reference_gives_each_modules_squared_deviation_and_keeps_no_gradients(case, keep):
+    """A probe's perturbed replays compare each parameter's gradient with the reference's as backward produces
+    it (so that a probe never holds a third set of gradients): the deviations are those of the whole gradients."""
+    model, x, loss_fn = case()
+    capture = _captured(model, x, loss_fn, threshold=0)
+    replayer = Replayer(capture, rows=4)
+    with replayer.restored():
+        reference = replayer.run(RecordingPolicy({}), keep=keep)
+        perturb = {key: slot_codec(sz_abs(0.05 * record.value_range), record)
+                   for key, record in sorted(reference.slots.items()) if record.value_range > 0}
+        whole = replayer.run(RecordingPolicy(perturb=perturb))
+        compared = replayer.run(RecordingPolicy(perturb=perturb), against=reference)
+    want: dict[str, float] = {}
+    for owner, got, exact in zip(replayer.owners, whole.grads, reference.grads):
+        if got is not None and exact is not None and (value := squared_difference(got, exact) * whole.scale) > 0:
+            want[owner] = want.get(owner, 0.0) + value
+    assert whole.scale == 2.0 and len(want) > 1
+    assert compared.grads == [] and compared.deviation == want
 
 
 def _session(threshold: int):

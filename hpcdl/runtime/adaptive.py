@@ -53,7 +53,7 @@ from hpcdl.compress.entropy import METHODS as ENTROPY_METHODS
 from hpcdl.compress.entropy import with_stage
 from hpcdl.runtime import budget, error_budget
 from hpcdl.runtime.noise import GradientSamples, blend
-from hpcdl.runtime.observe import OUTSIDE, ROOT
+from hpcdl.runtime.observe import OUTSIDE
 from hpcdl.runtime.policy import (
     Controller,
     GradStat,
@@ -347,8 +347,7 @@ class AdaptiveController(Controller):
         # exact only where it fits on every rank: the check replay's reduction is a collective all ranks must call
         exact = self.ranks().mean([float(capture.replay_fits(rows, self.options.probe_memory))])[0] == 1.0
         replayer = Replayer(capture, rows=rows)
-        owners = _owners(capture.model, replayer.params)
-        modules = sorted(set(owners))  # the same list on every rank: the axis of the reductions over ranks
+        modules = sorted(set(replayer.owners))  # the same list on every rank: the axis of the reductions over ranks
         # slots negligible at the last probe are recorded without trial encodes: they stay as they are
         bare = self._negligible({key: slot.nbytes for key, slot in self.slots.items()})
         with replayer.restored():
@@ -379,7 +378,7 @@ class AdaptiveController(Controller):
             # after a reference replay)
             in_effect = {key: slot_codec(config, reference.slots[key]) for key, slot in self.slots.items()
                          if exact and key in reference.slots and (config := slot.config()) is not None}
-            measured_now = (_deviation(replayer.run(RecordingPolicy(perturb=in_effect)), reference, owners)
+            measured_now = (replayer.run(RecordingPolicy(perturb=in_effect), against=reference).deviation
                             if in_effect else {})
             # nothing sz changes in an all-zero slot: no effect to measure
             to_measure = [key for key in self._to_measure(reference.slots) if reference.slots[key].trial_mse > 0]
@@ -387,7 +386,7 @@ class AdaptiveController(Controller):
                               if key in reference.slots and reference.slots[key].trial_mse > 0
                               and slot.measured_at >= 0 and not slot.sensitivity and key not in to_measure]
             silent = _silent(to_measure, reference, closed)
-            measure = _Measurement(replayer, reference, owners, closed)
+            measure = _Measurement(replayer, reference, closed)
             measure.without_effect(without_effect + silent)
             measure.each([key for key in to_measure if key not in silent])
             for key, (sensitivity, calibration) in measure.results.items():
@@ -716,25 +715,6 @@ class _Clock:
         return record
 
 
-def _owners(model: torch.nn.Module, params: list[torch.nn.Parameter]) -> list[str]:
-    """The module name (as gradient statistics name it) owning each parameter."""
-    owner = {id(p): name or ROOT for name, module in model.named_modules() for p in module.parameters(recurse=False)}
-    return [owner[id(p)] for p in params]
-
-
-def _deviation(perturbed: Replay, reference: Replay, owners: list[str]) -> dict[str, float]:
-    """Per module, ||perturbed gradient - reference gradient||^2 (the reference: the first replay), scaled to the
-    whole batch (:class:`Replay`; only modules where it is not zero)."""
-    deviation: dict[str, float] = {}
-    for owner, got, want in zip(owners, perturbed.grads, reference.grads):
-        if got is None or want is None:
-            continue
-        value = float((got.double() - want.double()).square().sum()) * perturbed.scale
-        if value > 0:
-            deviation[owner] = deviation.get(owner, 0.0) + value
-    return deviation
-
-
 def _silent(keys: list[str], reference: Replay, closed: Mapping[str, dict[str, float]]) -> list[str]:
     """The slots of ``keys`` whose module call's outputs got no gradient in the first replay's backward.
 
@@ -783,8 +763,8 @@ class _Measurement:
     slots, against 57 this way and 56 one slot each.)
     """
 
-    def __init__(self, replayer: Replayer, reference: Replay, owners: list[str], closed: Mapping[str, dict[str, float]]):
-        self.replayer, self.reference, self.owners, self.closed = replayer, reference, owners, closed
+    def __init__(self, replayer: Replayer, reference: Replay, closed: Mapping[str, dict[str, float]]):
+        self.replayer, self.reference, self.closed = replayer, reference, closed
         self.replays = 0
         #: slot -> (its sensitivity per module, the closed form's calibration or None where it does not hold)
         self.results: dict[str, tuple[dict[str, float], float | None]] = {}
@@ -803,9 +783,9 @@ class _Measurement:
         self.replays += 1
         policy = self._perturbing(keys)
         if len(keys) == 1:
-            self._alone(keys[0], self.replayer.run(policy))
+            self._alone(keys[0], self._run(policy))
             return
-        perturbed = self.replayer.run(policy, layer_calls=True)
+        perturbed = self._run(policy, layer_calls=True)
         calibrations = self._confirmed(keys, perturbed) if _same_flow(perturbed, self.reference) else None
         if calibrations is None:
             for key in keys:
@@ -827,13 +807,17 @@ class _Measurement:
         if not keys:
             return
         self.replays += 1
-        if not _deviation(self.replayer.run(self._perturbing(keys)), self.reference, self.owners):
+        if not self._run(self._perturbing(keys)).deviation:
             self.results.update((key, ({}, None)) for key in keys)
             return
         silent = _silent(keys, self.reference, self.closed)
         if len(silent) < len(keys):
             self.without_effect(silent)
         self.each([key for key in keys if key not in self.results])
+
+    def _run(self, policy: RecordingPolicy, layer_calls: bool = False) -> Replay:
+        """A perturbing replay, its gradients compared with the reference's (``Replay.deviation``)."""
+        return self.replayer.run(policy, layer_calls=layer_calls, against=self.reference)
 
     def _perturbing(self, keys: list[str]) -> RecordingPolicy:
         """A replay's policy that compresses ``keys`` with sz at their trial bounds, the rest as the reference does.
@@ -853,7 +837,7 @@ class _Measurement:
 
     def _alone(self, key: str, perturbed: Replay) -> None:
         mse = self._error(key, perturbed)
-        measured = {m: dev / mse for m, dev in _deviation(perturbed, self.reference, self.owners).items()}
+        measured = {m: dev / mse for m, dev in perturbed.deviation.items()}
         closed = self.closed.get(key)
         if closed is not None and _agrees(closed, measured):
             calibration = sum(measured.values()) / sum(closed.values())
@@ -872,7 +856,7 @@ class _Measurement:
 
         Deviation outside the group's modules is allowed up to 0.1 of the smallest slot's predicted effect, so
         that any one slot would also have passed ``_agrees`` alone."""
-        deviation = _deviation(perturbed, self.reference, self.owners)
+        deviation = perturbed.deviation
         parts = {key: {m: s * self._error(key, perturbed) for m, s in self.closed[key].items()} for key in keys}
         predicted: dict[str, float] = {}
         for part in parts.values():

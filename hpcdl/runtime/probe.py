@@ -247,9 +247,10 @@ class LayerCall:
 
 @dataclass
 class Replay:
-    """What one replay gives: per module, the squared norm of its gradient or of its deviation; what it met."""
+    """What one replay gives: the parameters' gradients, or per module their squared deviation from another
+    replay's (``Replayer.run(against=...)``); what it met."""
 
-    grads: list[torch.Tensor | None]
+    grads: list[torch.Tensor | None]  # per parameter of Replayer.params; [] for a replay run against another
     slots: dict[str, SlotRecord] = field(default_factory=dict)
     layer_calls: list[LayerCall] = field(default_factory=list)
     held_bytes: float = 0.0  # the uncompressed bytes of everything the replay saved, every saved tensor once
@@ -260,6 +261,20 @@ class Replay:
     # a perturbing replay after a reference one: per perturbed slot the reference compressed, the mean square of
     # its error against the reference (RecordingPolicy.perturbation_mse); other slots' is their trial_mse
     perturbation_mse: dict[str, float] = field(default_factory=dict)
+    # a replay run against another: per module (Replayer.owners), ||its gradient - the other's||^2 scaled to the
+    # whole batch, for the modules where it is not zero (empty for a replay not run against another)
+    deviation: dict[str, float] = field(default_factory=dict)
+
+
+def parameter_owners(model: nn.Module, params: list[nn.Parameter]) -> list[str]:
+    """The module name (as gradient statistics name it) owning each of ``params``."""
+    owner = {id(p): name or ROOT for name, module in model.named_modules() for p in module.parameters(recurse=False)}
+    return [owner[id(p)] for p in params]
+
+
+def squared_difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``||got - want||^2`` of two gradients, summed in float64 with one temporary the size of ``got``."""
+    return float(torch.sub(got, want).square_().sum(dtype=torch.float64))
 
 
 def in_channel_units(tensor: torch.Tensor, channels: int) -> torch.Tensor:
@@ -528,6 +543,7 @@ class Replayer:
         self.capture = capture
         self.model = capture.model
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.owners = parameter_owners(self.model, self.params)
         batch = capture.batch_rows()
         self.scale = 1.0  # whole batch / replayed rows: what the gradient deviations are multiplied by
         self.rows = 0  # the replayed samples when they are part of the batch
@@ -556,12 +572,14 @@ class Replayer:
                 torch.cuda.set_rng_state_all(cuda_rng)
 
     def run(self, policy: RecordingPolicy, layer_calls: bool = False, keep: bool = False,
-            live_calls: bool = False) -> Replay:
+            live_calls: bool = False, against: Replay | None = None) -> Replay:
         """One replay under ``policy``; ``layer_calls``: record its Linear/Conv calls (:class:`LayerCall`);
         ``keep``: keep its graph for the replays after it (the exact one's: see the class); ``live_calls``:
-        record which module calls' outputs its backward brings a nonzero gradient (``Replay.live_calls``)."""
+        record which module calls' outputs its backward brings a nonzero gradient (``Replay.live_calls``);
+        ``against``: compare its gradients with that replay's as they come (``Replay.deviation``;
+        :meth:`_gradients`) instead of returning them."""
         if self._graph is not None:
-            return self._backward_again(policy, layer_calls)
+            return self._backward_again(policy, layer_calls, against)
         capture = self.capture
         assert capture.rng is not None  # set by the captured forward (Capture.complete)
         torch.set_rng_state(capture.rng)
@@ -580,30 +598,63 @@ class Replayer:
                 outputs = _tensors(self.model(*self.args, **self.kwargs))
             pairs = [(outputs[i], g) for i, g in sorted(self.output_grads.items()) if i < len(outputs)]
             keep = keep and not session.recomputed_blocks
-            grads = torch.autograd.grad([o for o, _ in pairs], self.params, [g for _, g in pairs], allow_unused=True,
-                                        retain_graph=keep)
+            grads, deviation = self._gradients(pairs, keep, against)
         held = session.stats.original_bytes * self.scale
         live, backward.live = backward.live, None  # the kept graph's later backward passes record none
         if keep:
             self._graph = _Graph(session, pairs, calls, backward, held)
         if policy.trial_bounds is not None:
             self.compressed = dict(policy.compressed)
-        return Replay(list(grads), policy.slots, self._scaled(backward.calls), held, self.scale, live,
-                      dict(policy.perturbation_mse))
+        return Replay(grads, policy.slots, self._scaled(backward.calls), held, self.scale, live,
+                      dict(policy.perturbation_mse), deviation)
 
-    def _backward_again(self, policy: RecordingPolicy, layer_calls: bool) -> Replay:
+    def _backward_again(self, policy: RecordingPolicy, layer_calls: bool, against: Replay | None) -> Replay:
         """A replay as a backward through the kept graph, the slots ``policy`` perturbs compressed."""
         graph = self._graph
         assert graph is not None and policy.trial_bounds is None  # a perturbing policy: nothing to record in a forward
         graph.backward.calls = [LayerCall(c.module, c.fan_in, c.storage) for c in graph.calls] if layer_calls else None
         try:
             with graph.session.substituted(policy.codec_for):
-                grads = torch.autograd.grad([o for o, _ in graph.pairs], self.params, [g for _, g in graph.pairs],
-                                            allow_unused=True, retain_graph=True)
+                grads, deviation = self._gradients(graph.pairs, True, against)
             recorded = self._scaled(graph.backward.calls)
         finally:
             graph.backward.calls = None
-        return Replay(list(grads), {}, recorded, graph.held_bytes, self.scale)
+        return Replay(grads, {}, recorded, graph.held_bytes, self.scale, deviation=deviation)
+
+    def _gradients(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], retain_graph: bool,
+                   against: Replay | None) -> tuple[list[torch.Tensor | None], dict[str, float]]:
+        """Backward from ``pairs`` (outputs, their captured gradients) to the parameters: their gradients, or with
+        ``against`` none and per module the squared deviation from ``against``'s gradients.
+
+        Against a replay, each parameter's gradient is compared in a hook as backward produces it, and
+        ``autograd.grad`` is handed a zero-stride placeholder instead, so a replay never holds a whole set of
+        gradients beside the reference's and the training step's own (at DeepCAM's full width a set is 154 MiB).
+        The per-parameter values are summed per module in parameter order, whatever order backward took."""
+        outputs, grad_outputs = [o for o, _ in pairs], [g for _, g in pairs]
+        if against is None:
+            return list(torch.autograd.grad(outputs, self.params, grad_outputs, allow_unused=True,
+                                            retain_graph=retain_graph)), {}
+        squares: list[float] = [0.0] * len(self.params)
+
+        def compared(index: int, want: torch.Tensor | None):
+            def hook(grad: torch.Tensor) -> torch.Tensor:
+                if want is not None:
+                    squares[index] = squared_difference(grad, want) * self.scale
+                return grad.new_zeros(()).expand_as(grad)
+            return hook
+
+        handles = [param.register_hook(compared(index, want))
+                   for index, (param, want) in enumerate(zip(self.params, against.grads))]
+        try:
+            torch.autograd.grad(outputs, self.params, grad_outputs, allow_unused=True, retain_graph=retain_graph)
+        finally:
+            for handle in handles:
+                handle.remove()
+        deviation: dict[str, float] = {}
+        for owner, value in zip(self.owners, squares):
+            if value > 0:
+                deviation[owner] = deviation.get(owner, 0.0) + value
+        return [], deviation
 
     def _scaled(self, calls: list[LayerCall] | None) -> list[LayerCall]:
         """``calls`` with their output gradients' norms scaled to the whole batch (none: [])."""
