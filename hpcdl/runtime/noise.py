@@ -35,7 +35,8 @@ def _coordinates(numel: int, index: int) -> torch.Tensor | None:
     if numel <= SAMPLE:
         return None
     generator = torch.Generator().manual_seed(index)
-    return torch.randperm(numel, generator=generator)[:SAMPLE]
+    # a copy: the slice alone would keep the whole permutation alive, 8 bytes per parameter element for the run
+    return torch.randperm(numel, generator=generator)[:SAMPLE].clone()
 
 
 class GradientSamples:
