@@ -71,6 +71,22 @@ def test_a_measuring_process_whose_parent_was_killed_stops_instead_of_finishing_
         time.sleep(0.1)
 
 
+def test_a_measuring_script_reexecutes_itself_once_with_the_measuring_processes_allocator_settings(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from hpcdl.memory.allocator import child_env
+
+    script = tmp_path / "measure.py"
+    script.write_text("import os, sys\nfrom hpcdl.memory.allocator import run_with_child_env\nprint('start', flush=True)\n"
+                      "run_with_child_env()\nprint(os.environ['MALLOC_MMAP_THRESHOLD_'], sys.argv[1:])\n")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+    ran = subprocess.run([sys.executable, str(script), "a", "b"], capture_output=True, text=True, env=env, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["start", "start", f"{child_env()['MALLOC_MMAP_THRESHOLD_']} ['a', 'b']"]
+
+
 def test_an_error_in_the_measuring_process_is_raised_here_as_itself_with_its_traceback_as_a_note():
     with pytest.raises(ConfigError) as caught:  # (pytest's match= would also search the notes)
         memory.peak(functools.partial(failing_setup, "hpcdl"))

@@ -10,23 +10,18 @@ itself once with glibc's mmap threshold lowered, as the bench's measuring proces
 
 Arguments: method spec (``sz:rel=1e-2``), batch (2), torch threads (2).
 """
-import os
 import sys
-
-if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
-    from hpcdl.memory.allocator import child_env
-
-    os.environ.update(child_env())
-    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import torch
 
 from hpcdl.memory import Workload
+from hpcdl.memory.allocator import run_with_child_env
 from hpcdl.memory.peak import status_bytes
 from hpcdl.runtime.methods import Codec, train_step
 from hpcdl.runtime.policy import policy_from_spec
 from hpcdl.runtime.session import active_session
 
+run_with_child_env()  # first: the measured steps run as the bench's measuring processes do
 spec = sys.argv[1] if len(sys.argv) > 1 else "sz:rel=1e-2"
 batch = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)

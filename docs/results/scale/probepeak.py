@@ -11,23 +11,18 @@ The process re-executes itself once with glibc's mmap threshold lowered, as the 
 
 Arguments: method spec (``adaptive:probe_every=4``), batch (1), torch threads (2), steps (2).
 """
-import os
 import sys
 import time
-
-if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
-    from hpcdl.memory.allocator import child_env
-
-    os.environ.update(child_env())
-    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import torch
 
 from hpcdl.memory import Workload
+from hpcdl.memory.allocator import run_with_child_env
 from hpcdl.memory.peak import PeakMemory
 from hpcdl.runtime.methods import Codec, Plain, train_step
 from hpcdl.runtime.policy import policy_from_spec
 
+run_with_child_env()  # first: the measured steps run as the bench's measuring processes do
 spec = sys.argv[1] if len(sys.argv) > 1 else "adaptive:probe_every=4"
 batch = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 2)
