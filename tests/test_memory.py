@@ -199,8 +199,20 @@ def test_learning_steps_are_passed_over_and_their_peak_kept():
 
 
 @pytest.mark.slow
-def test_an_adaptive_policy_is_measured_on_a_compressed_step_not_its_probe():
+def test_an_adaptive_policy_is_measured_on_a_compressed_step_and_on_its_first_probe():
     with memory.MeasuringProcess() as process:
         adaptive = memory.peak(memory.TrainStep(SMALL_CNN, 16, "adaptive"), process=process)
-    assert adaptive.info["observed_gradients"] is False  # its first probe ran in the warm-up step
+    assert adaptive.info["observed_gradients"] is False
     assert adaptive.activation_ratio > 2  # the measured step compressed with the probe's decisions
+    # the first probe (a rehearsal in the warm-up, then measured): what a batch search must also fit
+    assert adaptive.info["learning_steps"] == 1 and adaptive.info["learning_peak_bytes"] > adaptive.peak_bytes
+    assert adaptive.worst_bytes == adaptive.info["learning_peak_bytes"]
+
+
+def test_a_method_whose_first_step_learns_rehearses_it_once_warm_up_is_one_step():
+    step = memory.TrainStep(SMALL_CNN, 4, "adaptive:probe_every=50")()
+    assert [step()["observed_gradients"] for _ in range(3)] == [True, True, False]  # the probe, again, then usual
+    longer = memory.TrainStep(SMALL_CNN, 4, "adaptive:probe_every=50", warmup_steps=2)()  # probed in the setup
+    assert [longer()["observed_gradients"] for _ in range(2)] == [False, False]
+    static = memory.TrainStep(SMALL_CNN, 4, "sz:rel=1e-2")()
+    assert [static()["observed_gradients"] for _ in range(2)] == [False, False]

@@ -44,8 +44,14 @@ def run(args) -> int:
     workload = memory.Workload.of(args.model, scale=args.scale, batch=args.batch_fn)
     threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
 
+    def learning(report) -> str:
+        """The peak of the method's learning steps (an adaptive policy's probes), where it has any."""
+        peak = report.info.get("learning_peak_bytes")
+        return f", its learning steps (probes) {human_bytes(peak)}" if peak else ""
+
     def show(batch_size, report):
-        print(f"    batch {batch_size:>6}: peak {human_bytes(report.peak_bytes)}", file=sys.stderr, flush=True)
+        print(f"    batch {batch_size:>6}: peak {human_bytes(report.peak_bytes)}{learning(report)}", file=sys.stderr,
+              flush=True)
 
     with memory.MeasuringProcess(args.threads) as process:
         options = dict(device=args.device, start=args.start, limit=args.limit, threshold=threshold, on_probe=show,
@@ -57,7 +63,8 @@ def run(args) -> int:
     print(f"model {workload.describe()}, budget {human_bytes(baseline.budget_bytes)} per device ({args.device})")
     for label, found in (("baseline", baseline), (compressed.policy, compressed)):
         limit_note = f" (the --limit {args.limit}; more may fit)" if found.hit_limit else ""
-        print(f"  {label:<16} max batch {found.batch_size:>6}{limit_note}   measured peak {human_bytes(found.peak_bytes)}")
+        print(f"  {label:<16} max batch {found.batch_size:>6}{limit_note}   measured peak {human_bytes(found.peak_bytes)}"
+              f"{learning(found.report)}")
     print(f"  batch gain       {compressed.batch_size / baseline.batch_size:.2f}x")
     print(f"  at batch {baseline.batch_size}: peak {human_bytes(baseline.peak_bytes)} -> "
           f"{human_bytes(same_batch.peak_bytes)} (peak ratio {baseline.peak_bytes / max(same_batch.peak_bytes, 1):.2f}x), "

@@ -14,6 +14,7 @@ lines to a callback, here or from a measuring process (:mod:`hpcdl.memory.proces
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import time
@@ -173,6 +174,11 @@ def step_method(method: ActivationMethod | None, policy, threshold: int) -> Acti
     return Plain() if policy is None else Codec(policy, threshold)
 
 
+def method_policies(method: ActivationMethod) -> list[Policy]:
+    """The policies of ``method``'s compressing parts: what in it can learn from the steps it runs."""
+    return [part.policy for part in method.parts() if isinstance(part, Codec) and isinstance(part.policy, Policy)]
+
+
 @dataclass(frozen=True)
 class TrainStep:
     """One training step of ``workload`` at ``batch_size`` under an activation method.
@@ -192,6 +198,13 @@ class TrainStep:
     session's activation byte counts, the name of the step function it ran and the parts of its
     memory (``parts``, a :class:`~hpcdl.memory.breakdown.StepParts` as a dict; see
     :func:`hpcdl.memory.breakdown.breakdown`).
+
+    With one warm-up step, a method whose first step learns (an adaptive policy's first probe, which
+    also trains under the default policy) makes that step a rehearsal: its policies are put back as
+    they were before it, so the measured step is the method's first again, the step a run meets
+    first, without the process's one-time costs (libraries, thread pools, the optimizer's state)
+    that the warm-up absorbs. Without the rehearsal a batch search would size the batch by the
+    method's later steps and a run at that batch could fail at its first.
     """
 
     workload: Workload
@@ -221,6 +234,8 @@ class TrainStep:
         method.prepare(model)
         step_function = methods.train_step
         name = f"{step_function.__module__}.{step_function.__qualname__}"
+        policies = method_policies(method)
+        first_states = [copy.deepcopy(policy.state_dict()) for policy in policies] if self.warmup_steps == 1 else []
 
         probe = StepProbe(device)
         steps_run = 0
@@ -240,6 +255,11 @@ class TrainStep:
             log.info("%s: %.1f s%s", f"warm-up step {steps_run} of {self.warmup_steps}"
                      if steps_run <= self.warmup_steps else "measured step", time.perf_counter() - started,
                      " (a learning step: the method observed gradients)" if result.observed_gradients else "")
+            if steps_run == 1 and first_states and result.observed_gradients:
+                for policy, state in zip(policies, first_states):
+                    policy.load_state_dict(copy.deepcopy(state))
+                log.info("the method's first step learned: it was a rehearsal, and the method starts over, so the "
+                         "step measured next is its first")
             gradients = tensor_bytes([p.grad for p in model.parameters() if p.grad is not None])
             optimizer.zero_grad(set_to_none=True)
             stats = result.stats

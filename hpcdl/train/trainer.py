@@ -375,12 +375,14 @@ class _Run:
             self.log.log({"kind": "compression", "step": self.step, "epoch": epoch, **report})
 
     def _batch_search_record(self) -> dict | None:
+        """The batch search behind ``train.batch: auto``; every peak is the one it held to the budget: a step's,
+        or its method's learning steps' (an adaptive policy's first probe) where higher."""
         search = self.batch_search
         if search is None:
             return None
         return {"budget_bytes": search.budget_bytes, "per_device_batch": search.batch_size,
-                "peak_bytes": search.peak_bytes,
-                "probes": {str(batch): report.peak_bytes for batch, report in search.probes}}
+                "peak_bytes": search.report.worst_bytes,
+                "probes": {str(batch): report.worst_bytes for batch, report in search.probes}}
 
     def _result(self, stats, step_times: list[float], peak: PeakMemory) -> RunResult:
         median = statistics.median(step_times) if step_times else float("nan")
