@@ -63,14 +63,17 @@ def test_the_breakdown_accounts_for_the_measured_step():
 @pytest.mark.parametrize("batch", [4, 16])
 def test_compression_never_raises_the_step_peak_above_the_baseline(batch, policy):
     """The runtime's rule: at any batch, compressing never costs more peak memory than not compressing; the
-    adaptive policy's step (after its first probe, with batch norms' inputs through the channels stage) too.
+    adaptive policy's usual step (after its first probe, with batch norms' inputs through the channels stage) too.
 
-    Each probe runs in its own fresh process, so neither inherits heap pages from the other; no slack.
+    Not its probe steps: on a model this small a probe replays up to 16 samples uncompressed (the 64 MiB floor,
+    probe.REPLAY_BYTES_FLOOR), here the whole batch, so they peak above the baseline's step (docs/adaptive.md,
+    "What it does not do"). Each probe runs in its own fresh process, so neither inherits heap pages from the
+    other; no slack.
     """
     fresh = memory.FreshProcesses()
     baseline = memory.peak(memory.TrainStep(SMALL_CNN, batch, None), process=fresh)
     compressed = memory.peak(memory.TrainStep(SMALL_CNN, batch, policy), process=fresh)
-    assert compressed.worst_bytes <= baseline.peak_bytes, (batch, compressed.worst_bytes, baseline.peak_bytes)
+    assert compressed.peak_bytes <= baseline.peak_bytes, (batch, compressed.peak_bytes, baseline.peak_bytes)
 
 
 @pytest.mark.slow
@@ -86,8 +89,9 @@ def test_a_probe_step_whose_exact_replay_does_not_fit_needs_about_a_compressed_s
     baseline = memory.peak(memory.TrainStep(large, 2, None), process=fresh)
     compressed = memory.peak(memory.TrainStep(large, 2, "adaptive:probe_every=1000"), process=fresh)
     probing = memory.peak(memory.TrainStep(large, 2, "adaptive:probe_every=1"), process=fresh)
-    assert "learning_steps" not in compressed.info and probing.info["learning_steps"] == MAX_LEARNING_STEPS
+    assert compressed.info["learning_steps"] == 1 and probing.info["learning_steps"] == MAX_LEARNING_STEPS
     assert compressed.peak_bytes < 0.75 * baseline.peak_bytes
+    assert compressed.worst_bytes < baseline.peak_bytes  # the first probe, at the default codec, measured too
     assert probing.worst_bytes <= 1.25 * compressed.peak_bytes, (probing.worst_bytes, compressed.peak_bytes)
 
 
@@ -107,8 +111,9 @@ def test_step_progress_marks_learning_steps_and_stops_at_its_end():
     with memory.step_progress(lines.append):
         step()  # an adaptive policy's first step probes its saved tensors' sensitivities
     step()
-    (line,) = lines
+    line, rehearsal = lines  # a first step that learned is rehearsed: the step measured next is the first again
     assert line.startswith("warm-up step 1 of 1: ") and line.endswith("(a learning step: the method observed gradients)")
+    assert rehearsal.startswith("the method's first step learned: it was a rehearsal")
 
 
 def test_the_per_sample_peak_is_the_slope_between_the_two_largest_batches():
@@ -125,6 +130,15 @@ def test_the_projection_is_linear_in_the_batch():
         ("A100 40GB", 39), ("A100 80GB", 79), ("H200 141GB", 139)]
     assert all(row["projected_batch"] is None for row in project(per_sample=0, fixed=2**20))
     assert all(row["projected_batch"] == 0 for row in project(per_sample=2**30, fixed=2**40))
+
+
+def test_the_projection_fits_the_learning_steps_too_where_they_need_more():
+    step, probes = (2**30, 2**30), (2**30, 8 * 2**30)  # probes: 7 GiB more at every batch
+    rows = project(*step, learning=probes)
+    assert [(row["projected_batch"], row["limited_by"]) for row in rows] == [
+        (32, "learning steps"), (72, "learning steps"), (132, "learning steps")]
+    assert [row["projected_batch"] for row in project(*step, learning=(2**29, 2**30))] == [39, 79, 139]
+    assert {row["limited_by"] for row in project(*step, learning=(2**29, 2**30))} == {"step"}
 
 
 def test_a_budget_search_starts_where_the_fit_of_the_measured_peaks_meets_the_budget():

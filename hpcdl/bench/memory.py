@@ -168,16 +168,31 @@ def search_start(fit: tuple[float, float] | None, budget: int, limit: int) -> in
     return min(max(math.floor((budget - fixed) / per_sample), 1), limit)
 
 
-def project(per_sample: float, fixed: float) -> list[dict]:
-    """The largest batch with ``fixed + batch * per_sample`` within each device of :data:`PROJECTED_GPUS`."""
+def project(per_sample: float, fixed: float, learning: tuple[float, float] | None = None) -> list[dict]:
+    """The largest batch with ``fixed + batch * per_sample`` within each device of :data:`PROJECTED_GPUS`, and
+    with ``learning``'s (per-sample, fixed) too where given (the learning steps' line: a run meets them as well);
+    ``limited_by`` says which line set the batch."""
     rows = []
     for gpu, capacity in PROJECTED_GPUS:
-        if per_sample <= 0:
-            batch = None  # the measured bytes do not grow with the batch: no linear bound to project
-        else:
-            batch = max(math.floor((capacity - fixed) / per_sample), 0)
-        rows.append({"gpu": gpu, "capacity_bytes": capacity, "projected_batch": batch})
+        batch, limited_by = _largest(capacity, per_sample, fixed), "step"
+        if learning is not None:
+            probes = _largest(capacity, *learning)
+            if probes is not None and (batch is None or probes < batch):
+                batch, limited_by = probes, "learning steps"
+        rows.append({"gpu": gpu, "capacity_bytes": capacity, "projected_batch": batch, "limited_by": limited_by})
     return rows
+
+
+def _largest(capacity: int, per_sample: float, fixed: float) -> int | None:
+    """The largest batch with ``fixed + batch * per_sample`` within ``capacity``; None where the bytes do not grow
+    with the batch (no linear bound to project)."""
+    return max(math.floor((capacity - fixed) / per_sample), 0) if per_sample > 0 else None
+
+
+def _learning_footprint(row: dict) -> float:
+    """What a device holds at a measured batch's learning steps (an adaptive policy's probes): the footprint
+    with their peak in place of the usual step's."""
+    return row["breakdown"]["footprint"] - row["peak_bytes"] + row["learning_peak_bytes"]
 
 
 def run_memory_benchmark(
@@ -275,9 +290,10 @@ def run_memory_benchmark(
                     workload, None, budget, device=device, method=runtime, start=start, limit=limit,
                     process=process, warmup_steps=warmup_steps,
                     on_probe=functools.partial(measured, f"{method.spec} within {text}"))
+            # every peak as the search held it to the budget: the step's, or its learning steps' where higher
             result.searches.append({"budget": text, "budget_bytes": budget, "start": start, "batch": search.batch_size,
-                                    "peak_bytes": search.peak_bytes, "hit_limit": search.hit_limit,
-                                    "probes": [[batch, probe.peak_bytes] for batch, probe in search.probes]})
+                                    "peak_bytes": search.report.worst_bytes, "hit_limit": search.hit_limit,
+                                    "probes": [[batch, probe.worst_bytes] for batch, probe in search.probes]})
             save_partial()
     return report(complete=True)
 
@@ -290,10 +306,12 @@ def _report(results: list[MethodResult], complete: bool, *, model: str, scale: s
     for result in results:
         step = _per_sample(result.peaks, lambda row: row["peak_bytes"])
         footprint = _per_sample(result.peaks, lambda row: row["breakdown"]["footprint"])
+        learned = all(row.get("learning_peak_bytes") for row in result.peaks)
+        learning = _per_sample(result.peaks, _learning_footprint) if learned else None
         if step is not None and footprint is not None:
             result.per_sample_bytes, result.fixed_bytes = step
             result.footprint_per_sample_bytes, result.footprint_fixed_bytes = footprint
-            result.projection = project(*footprint)
+            result.projection = project(*footprint, learning)
     baseline = next((r for r in results if r.kind == "baseline" and r.per_sample_bytes), None)
     for result in results:
         if baseline is not None and result.per_sample_bytes is not None:
@@ -306,7 +324,9 @@ def _report(results: list[MethodResult], complete: bool, *, model: str, scale: s
         methods=[replace(result, peaks=list(result.peaks), searches=list(result.searches)) for result in results],
         projection_note=(
             "PROJECTION, not a measurement: the largest batch b with resident(b) + step_peak(b) <= the device's "
-            "memory, both taken as linear in b through the two largest measured batches. Bytes measured "
+            "memory, both taken as linear in b through the two largest measured batches, and the same with the "
+            "learning steps' peak where every batch measured some (an adaptive policy's probes: marked where they "
+            "set the batch). Bytes measured "
             f"on {device} ({measurement}); on a GPU this assumes the same bytes, and ignores the CUDA context, the "
             "caching allocator's slack, cuDNN workspaces and mixed precision."),
         mlperf_deepcam=MLPERF_DEEPCAM, warmup_steps=warmup_steps, complete=complete,
@@ -376,7 +396,7 @@ def format_report(report: MemoryBenchReport) -> str:
     if projected:
         gpus = [row["gpu"] for row in projected[0].projection]
         rows = [(r.method, _size(r.footprint_per_sample_bytes), _size(r.footprint_fixed_bytes),
-                 *("-" if row["projected_batch"] is None else str(row["projected_batch"]) for row in r.projection))
+                 *(_projected(row) for row in r.projection))
                 for r in projected]
         mlperf = report.mlperf_deepcam
         out += ["PROJECTED largest per-GPU batch (not measured on a GPU; " + report.projection_note.split(": ", 1)[1],
@@ -384,6 +404,13 @@ def format_report(report: MemoryBenchReport) -> str:
                 f"For comparison, MLPerf HPC DeepCAM ran {'-'.join(map(str, mlperf['local_batch_per_gpu']))} samples "
                 f"per GPU: {mlperf['source']}; {mlperf['caveats']}."]
     return "\n".join(out)
+
+
+def _projected(row: dict) -> str:
+    """A projection cell: the batch, marked where the learning steps set it."""
+    if row["projected_batch"] is None:
+        return "-"
+    return f"{row['projected_batch']}{' (probes)' if row.get('limited_by') == 'learning steps' else ''}"
 
 
 def write_json(report: MemoryBenchReport, out_dir: str | Path) -> Path:
