@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The commands for the committed study in docs/results/ (CPU, 2 cores shared with other work).
-# The committed results: every run re-run at 7e5ce99 on 2026-12-05 in one go, on one machine (2-core Intel Xeon
-# VM, nothing else running), with this script as it is: `OUT=/tmp/studyfull bash docs/results/commands.sh`, 36
-# minutes. (Before, the rows came from several commits and machines: first-step losses then differed in the
-# last bit between machines, and step times between runs on a loaded and an idle machine; the git history of
-# this file lists them.)
+# The committed results: every run re-run at c6aebf0 on 2026-12-07 in one go, on one machine (2-core AMD EPYC
+# Zen 3 VM), with this script as it is: `OUT=/tmp/s39/study bash docs/results/commands.sh`, 76 minutes; for about
+# 15 of them a memory bench and tests ran on the second core, so a few runs' step times are rougher. The run
+# before, at 7e5ce99 on 2026-12-05 (2-core Intel Xeon VM, nothing else running, 36 minutes), is in the git
+# history of docs/results; before it, the rows came from several commits and machines (first-step losses then
+# differed in the last bit between machines, and step times between a loaded and an idle machine).
 # Run from the repository root with the venv active; OUT holds results.jsonl and the trainer's run
 # directories (the run directories are not committed). Each command resumes if interrupted: a run
 # already in OUT's results (same model, method, seed, settings and resolved config) is not run again.
