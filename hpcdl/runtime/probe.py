@@ -224,15 +224,32 @@ class SlotRecord:
 @dataclass
 class KeptSample:
     """A slot's sample as the exact replay trial-encoded it (:func:`~hpcdl.runtime.trials.sample`), kept past the
-    replay so that a codec's bytes can be measured on it later: sz's at the bound a probe decides."""
+    replay so that a codec's bytes can be measured on it later: sz's at the bound a probe decides.
 
-    part: torch.Tensor
+    Where the replay keeps its graph, which holds the slot's tensor anyway, the sample is not copied: ``of`` is
+    that tensor (sharing its storage) and the sample is taken from it again when needed, the same chunks. A
+    replay whose graph is not kept after all copies it out (:meth:`copied`)."""
+
+    part: torch.Tensor | None  # the sample, or None: taken from ``of`` when needed
     source: torch.Tensor  # the slot's tensor the sample is of, as a meta tensor (its shape: whole_bytes)
     factor: float = 1.0   # what a sub-batch replay's bytes are multiplied by (SlotRecord's numbers are)
+    of: torch.Tensor | None = None  # the slot's tensor itself, where a kept graph holds it
+
+    def sample(self) -> torch.Tensor:
+        """The sample: kept, or taken from the slot's tensor."""
+        if self.part is not None:
+            return self.part
+        assert self.of is not None
+        return sample(self.of)
+
+    def copied(self) -> None:
+        """Keep the sample itself instead of the slot's tensor."""
+        self.part, self.of = self.sample(), None
 
     def packed_bytes(self, codec: Codec) -> float:
         """``codec``'s packed bytes of the slot's tensor, from an encode of the sample, as a trial's."""
-        return whole_bytes(codec.encode(self.part), self.source, self.part) * self.factor
+        part = self.sample()
+        return whole_bytes(codec.encode(part), self.source, part) * self.factor
 
 
 @dataclass
@@ -326,6 +343,7 @@ class RecordingPolicy(Policy):
         self.trial_bounds, self.probe_rel = trial_bounds, probe_rel
         self.size_rels = size_rels  # exact replay: also the packed size at these fractions of each slot's range
         self.keep_samples = keep_samples  # exact replay: keep each slot's sample in its record (SlotRecord.sample)
+        self.graph_kept = False  # set by the Replayer: this replay's graph is to be kept (it holds the slots' tensors)
         self.candidates, self.threshold = candidates, threshold  # exact replay: trial encodes of these codecs
         self.perturb = perturb or {}  # slot -> the codec config it is compressed with (the rest kept exact)
         # reference replay (where an exact one does not fit): slot, its record -> the codec the training session
@@ -405,7 +423,8 @@ class RecordingPolicy(Policy):
                             channels=channels)
         record.trial_bound = bound if bound else record.value_range * self.probe_rel
         if self._key not in self.bare:
-            self._trial_encodes(record, data.contiguous())
+            # the tensor the graph saved, contiguous, shares its storage with what the trials encode
+            self._trial_encodes(record, data.contiguous(), held=channels is None and tensor.is_contiguous())
         if self.rows and self.whole_numel.get(self._key, record.numel) != record.numel:
             factor = self.whole_numel[self._key] / record.numel  # a sub-batch of a tensor of the whole batch
             record.numel, record.nbytes = round(record.numel * factor), round(record.nbytes * factor)
@@ -417,14 +436,17 @@ class RecordingPolicy(Policy):
                 record.sample.factor = factor
         return record
 
-    def _trial_encodes(self, record: SlotRecord, source: torch.Tensor) -> None:
+    def _trial_encodes(self, record: SlotRecord, source: torch.Tensor, held: bool = False) -> None:
         """What the exact replay encodes ``source`` (a slot's contiguous tensor) with, on its sample
         (:func:`~hpcdl.runtime.trials.sample`): sz at the trial bound (its error), sz at the ladder of
         ``size_rels`` (bytes), every candidate codec (bytes, error, sign rule). The sample is kept where
-        ``keep_samples`` says."""
+        ``keep_samples`` says: as ``source`` itself where ``held`` (it shares the saved tensor's storage) and the
+        graph is kept, which holds that anyway."""
         part = sample(source)
         if self.keep_samples and record.value_range > 0:
-            record.sample = KeptSample(part, torch.empty(source.shape, device="meta"))
+            shape = torch.empty(source.shape, device="meta")
+            by_reference = held and self.graph_kept and part.numel() < source.numel()
+            record.sample = KeptSample(None, shape, of=source) if by_reference else KeptSample(part, shape)
         if record.trial_bound > 0:
             codec = self.codec(sz_abs(record.trial_bound))
             record.trial_mse = mean_square_error(part, codec.decode(codec.encode(part)))
@@ -590,14 +612,18 @@ class Replayer:
         policy.started = {}
         watching = (_module_calls(self.model, calls, backward, policy.started) if keep or layer_calls or live_calls
                     else contextlib.nullcontext())
-        policy.rows, policy.scale = self.rows, self.scale
+        policy.rows, policy.scale, policy.graph_kept = self.rows, self.scale, keep
         if policy.trial_bounds is None:  # a perturbing replay
             policy.compressed = dict(self.compressed)
         with torch.enable_grad(), watching:
             with compressed(self.model, policy, threshold=capture.threshold) as session:
                 outputs = _tensors(self.model(*self.args, **self.kwargs))
             pairs = [(outputs[i], g) for i, g in sorted(self.output_grads.items()) if i < len(outputs)]
-            keep = keep and not session.recomputed_blocks
+            keep = policy.graph_kept = keep and not session.recomputed_blocks
+            if not keep:  # no graph will hold the slots' tensors: their samples are copied out
+                for record in policy.slots.values():
+                    if record.sample is not None and record.sample.of is not None:
+                        record.sample.copied()
             grads, deviation = self._gradients(pairs, keep, against)
         held = session.stats.original_bytes * self.scale
         live, backward.live = backward.live, None  # the kept graph's later backward passes record none
