@@ -186,6 +186,30 @@ def test_a_forward_with_a_recomputed_block_is_not_kept_and_each_replay_runs_whol
     assert all(not _same(replay.grads, exact.grads) for replay in replays)
 
 
+def test_a_kept_graphs_slots_keep_their_samples_by_reference_and_measure_the_same_bytes():
+    """Where the exact replay's graph is kept it holds the slots' tensors, so their samples (for sz's bytes at the
+    decided bound) are not copied but taken again from those tensors, the same chunks: the same bytes as copies.
+    A batch norm's input is sampled in channel units, a scaled copy: it keeps its sample."""
+    torch.manual_seed(0)
+    x, y = wide_cnn_batch(8, torch.Generator().manual_seed(0), size=96)  # 8 x 8 x 96 x 96: past one sample
+    capture = _captured(WideCNN(channels=8, depth=4), x, lambda out: F.cross_entropy(out, y), threshold=0)
+    codec = get_codec(sz_abs(1e-2))
+    measured = {}
+    for keep in (True, False):
+        replayer = Replayer(capture)
+        with replayer.restored():
+            records = replayer.run(RecordingPolicy({}, keep_samples=True), keep=keep).slots
+        samples = {key: record.sample for key, record in records.items() if record.sample is not None}
+        by_reference = {key for key, kept in samples.items() if kept.part is None}
+        channel_units = {key for key, record in records.items() if record.channels is not None}
+        if keep:
+            assert by_reference and not by_reference & channel_units
+        else:
+            assert not by_reference
+        measured[keep] = {key: kept.packed_bytes(codec) for key, kept in samples.items()}  # after the probe ended
+    assert measured[True] == measured[False]
+
+
 def _live_tensor_bytes() -> int:
     """The bytes of the storages every plain tensor the collector tracks holds (each storage once)."""
     gc.collect()
