@@ -256,8 +256,8 @@ class TrainStep:
                      if steps_run <= self.warmup_steps else "measured step", time.perf_counter() - started,
                      " (a learning step: the method observed gradients)" if result.observed_gradients else "")
             if steps_run == 1 and first_states and result.observed_gradients:
-                for policy, state in zip(policies, first_states):
-                    policy.load_state_dict(copy.deepcopy(state))
+                for policy, state in zip(policies, first_states):  # once: the states need no second copy
+                    policy.load_state_dict(state)
                 log.info("the method's first step learned: it was a rehearsal, and the method starts over, so the "
                          "step measured next is its first")
             gradients = tensor_bytes([p.grad for p in model.parameters() if p.grad is not None])
